@@ -1,0 +1,162 @@
+"""``rllib-search``: the command line.
+
+- ``rllib-search world --out DIR``: write the synthetic multi-hop world (corpus + train/test files).
+- ``rllib-search rollout``: the main job on the embedded default: scripted policies through
+  MultiTurnSearchEnv on the synthetic world with a BM25 retriever, for each protocol; prints a table and
+  writes ``summary.json``, ``rewards.png`` and example responses under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rllib_search.llm.models import cache_dir
+
+
+def _world_config(args: argparse.Namespace):
+    from rllib_search.data.synthetic import SyntheticWorldConfig
+
+    return SyntheticWorldConfig(seed=args.seed, num_train=args.train, num_test=args.test)
+
+
+def cmd_world(args: argparse.Namespace) -> int:
+    from rllib_search.data.synthetic import ensure_world
+
+    paths = ensure_world(Path(args.out), _world_config(args))
+    for name, path in paths.items():
+        print(f"{name:16s} {path}")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from rllib_search.data.formats import iter_passages, read_corpus, read_qa_file
+    from rllib_search.data.synthetic import ensure_world
+    from rllib_search.env.search_env import SearchEnvConfig
+    from rllib_search.llm.models import load_tokenizer
+    from rllib_search.scripted_rollout import run_scripted_rollouts
+    from rllib_search.serve.bm25 import BM25Retriever
+
+    world_dir = Path(args.world) if args.world else cache_dir() / "worlds" / f"seed{args.seed}"
+    print(f"[rollout] synthetic world in {world_dir}")
+    paths = ensure_world(world_dir, _world_config(args))
+    records = read_qa_file(paths["test_parquet"])
+    passages = list(iter_passages(read_corpus(paths["corpus_parquet"])))
+    print(f"[rollout] {len(passages)} passages, {len(records)} test questions; BM25 index")
+    retriever = BM25Retriever(passages)
+    print(f"[rollout] tokenizer {args.tokenizer}")
+    tokenizer = load_tokenizer(args.tokenizer)
+
+    summaries, examples = [], {}
+    for protocol in args.protocols:
+        reward_config = {}
+        if protocol == "search_r1":
+            reward_config = {"lambda_format": args.lambda_format, "lambda_retrieval": args.lambda_retrieval}
+        env_config = SearchEnvConfig(
+            protocol=protocol, max_turns=args.max_turns, topk=args.topk, reward_config=reward_config
+        )
+        for policy in args.policies:
+            shown: list[str] = []
+            summary = run_scripted_rollouts(
+                tokenizer,
+                retriever,
+                records,
+                env_config,
+                policy,
+                args.episodes,
+                seed=args.seed,
+                examples=shown,
+            )
+            summaries.append(summary)
+            examples[f"{protocol}/{policy}"] = shown
+            print(_format_row(summary))
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps([s.row() for s in summaries], indent=2))
+    with (out / "examples.txt").open("w") as handle:
+        for key, texts in examples.items():
+            for text in texts:
+                handle.write(f"===== {key} =====\n{text}\n\n")
+    _plot(summaries, out / "rewards.png")
+    print(f"[rollout] wrote {out / 'summary.json'}, {out / 'rewards.png'} and {out / 'examples.txt'}")
+    return 0
+
+
+_COLUMNS = ("reward", "exact_match", "f1", "searches", "invalid_actions", "format_valid", "retrieval_hit")
+
+
+def _format_row(summary) -> str:
+    values = "  ".join(f"{name}={getattr(summary, name):.3f}" for name in _COLUMNS)
+    head = f"{summary.protocol:12s} {summary.policy:14s} n={summary.episodes:<4d}"
+    return f"{head} {values}  ({summary.seconds:.1f}s)"
+
+
+def _plot(summaries, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    protocols = sorted({s.protocol for s in summaries})
+    policies = list(dict.fromkeys(s.policy for s in summaries))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(policies))
+    for ax, metric in zip(axes, ("reward", "exact_match")):
+        for j, policy in enumerate(policies):
+            values = [
+                next((getattr(s, metric) for s in summaries if s.protocol == p and s.policy == policy), 0.0)
+                for p in protocols
+            ]
+            ax.bar([i + j * width for i in range(len(protocols))], values, width, label=policy)
+        ax.set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(protocols))], protocols)
+        ax.set_title(f"mean {metric} per episode")
+        ax.axhline(0, color="black", linewidth=0.5)
+    axes[0].legend()
+    fig.suptitle("Scripted policies through MultiTurnSearchEnv (synthetic world, BM25)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rllib-search", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def world_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--seed", type=int, default=0, help="synthetic world seed")
+        p.add_argument("--train", type=int, default=1000, help="train questions")
+        p.add_argument("--test", type=int, default=200, help="test questions")
+
+    world = sub.add_parser("world", help="write the synthetic multi-hop world")
+    world.add_argument("--out", required=True, help="output directory")
+    world_options(world)
+    world.set_defaults(func=cmd_world)
+
+    rollout = sub.add_parser("rollout", help="scripted policies through the env on the synthetic world")
+    world_options(rollout)
+    rollout.add_argument("--world", help="world directory (default: generated under the cache)")
+    rollout.add_argument(
+        "--tokenizer", default="smollm2-135m-instruct", help="hub name, path or bundled alias"
+    )
+    rollout.add_argument("--protocols", nargs="+", default=["search_r1", "r1_searcher", "r_search"])
+    rollout.add_argument("--policies", nargs="+", default=["teacher", "noisy_teacher", "no_search"])
+    rollout.add_argument("--episodes", type=int, default=64, help="episodes per protocol and policy")
+    rollout.add_argument("--max-turns", type=int, default=4)
+    rollout.add_argument("--topk", type=int, default=3)
+    rollout.add_argument("--lambda-format", type=float, default=0.0, help="search_r1 reward's λ_f")
+    rollout.add_argument("--lambda-retrieval", type=float, default=0.0, help="search_r1 reward's λ_r")
+    rollout.add_argument("--out", default="runs/rollout", help="where summary.json and rewards.png go")
+    rollout.set_defaults(func=cmd_rollout)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

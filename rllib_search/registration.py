@@ -1,0 +1,83 @@
+"""Register MultiTurnSearchEnv with RLlib (Tune's registry) and gymnasium under one id.
+
+``import rllib_search`` runs :func:`register_envs`. Then ``config.environment(ENV_ID, env_config={...})``
+in RLlib, ``gymnasium.make(ENV_ID, **env_config)`` or ``gymnasium.make("rllib_search:" + ENV_ID, ...)``
+build the env from plain configuration:
+
+- ``tokenizer``: a hub name, a local path or a bundled alias (``smollm2-135m-instruct``), or a tokenizer;
+- ``retriever``: an object with ``search(queries, topk)``, or ``{"type": "bm25", "corpus": PATH}``
+  (corpus jsonl or parquet);
+- ``dataset``: a QA file (Search-R1 parquet or FlashRAG jsonl) or a list of ``QARecord``;
+- ``judge``: the evidence judge callable for ``r_search`` (optional);
+- every field of :class:`~rllib_search.env.search_env.SearchEnvConfig` (``protocol``, ``max_turns``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rllib_search.env.retrieval import Retriever
+from rllib_search.env.search_env import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig
+
+_BUILD_KEYS = ("tokenizer", "retriever", "dataset", "judge")
+
+
+def make_env(**env_config: Any) -> MultiTurnSearchEnv:
+    """Build a MultiTurnSearchEnv from plain configuration (see the module docstring)."""
+    config = dict(env_config)
+    if "tokenizer" not in config:
+        raise ValueError("env_config needs 'tokenizer' (a hub name, a local path or a bundled alias)")
+    tokenizer = config.pop("tokenizer")
+    if isinstance(tokenizer, str):
+        from rllib_search.llm.models import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    retriever = build_retriever(config.pop("retriever", None))
+    dataset = config.pop("dataset", None)
+    if isinstance(dataset, str):
+        from rllib_search.data.formats import read_qa_file
+
+        dataset = read_qa_file(dataset)
+    judge = config.pop("judge", None)
+    env_fields = {k: v for k, v in config.items() if k in SearchEnvConfig.__dataclass_fields__}
+    unknown = set(config) - set(env_fields)
+    if unknown:
+        raise ValueError(f"unknown env_config keys {sorted(unknown)}; known: {sorted(_known_keys())}")
+    return MultiTurnSearchEnv(tokenizer, retriever, dataset, SearchEnvConfig(**env_fields), judge=judge)
+
+
+def build_retriever(spec: Retriever | Mapping[str, Any] | None) -> Retriever | None:
+    """A retriever from an object (returned as is) or a spec such as ``{"type": "bm25", "corpus": PATH}``."""
+    if spec is None or isinstance(spec, Retriever):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise TypeError(
+            f"retriever must have search(queries, topk) or be a spec dict, got {type(spec).__name__}"
+        )
+    kind = spec.get("type")
+    if kind == "bm25":
+        from rllib_search.data.formats import iter_passages, read_corpus
+        from rllib_search.serve.bm25 import BM25Retriever
+
+        return BM25Retriever(list(iter_passages(read_corpus(spec["corpus"]))))
+    raise ValueError(f"unknown retriever type {kind!r}; known: 'bm25'")
+
+
+def _known_keys() -> set[str]:
+    return set(_BUILD_KEYS) | set(SearchEnvConfig.__dataclass_fields__)
+
+
+def _rllib_env_creator(env_config: Mapping[str, Any]) -> MultiTurnSearchEnv:
+    # RLlib passes an EnvContext (a dict with worker_index etc. as attributes): only its items matter.
+    return make_env(**dict(env_config))
+
+
+def register_envs() -> None:
+    """Register ``rllib_search/MultiTurnSearch-v0`` with RLlib and gymnasium (idempotent)."""
+    import gymnasium as gym
+    from ray.tune.registry import register_env
+
+    register_env(ENV_ID, _rllib_env_creator)
+    if ENV_ID not in gym.registry:
+        gym.register(id=ENV_ID, entry_point="rllib_search.registration:make_env", disable_env_checker=True)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up the venv if needed, then run the main job on the embedded default (extra arguments go to it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec .venv/bin/rllib-search rollout "$@"

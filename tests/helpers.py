@@ -1,0 +1,21 @@
+"""A small hand-written world shared by the env tests: passages a BM25 index can answer from."""
+
+from __future__ import annotations
+
+from rllib_search.data.records import QARecord
+from rllib_search.env.retrieval import Passage
+
+PASSAGES = [
+    Passage("p1", "Tarquin Oskaley", "Tarquin Oskaley was born in Velmora, a river town."),
+    Passage("p2", "Velmora", "Velmora is a city located in the country of Dravenia."),
+    Passage("p3", "Dravenia", "Dravenia is a country whose capital is Ostrel."),
+    Passage("p4", "Mirelle Dask", "Mirelle Dask was born in Carvossa and founded Quellon Works."),
+    Passage("p5", "Quellon Works", "Quellon Works is a company founded by Mirelle Dask in 1987."),
+    Passage("p6", "Carvossa", "Carvossa is a city located in the country of Lunethia."),
+]
+
+RECORDS = [
+    QARecord("1", "Where was Tarquin Oskaley born?", ["Velmora"], "synthetic"),
+    QARecord("2", "In which country is the city where Tarquin Oskaley was born?", ["Dravenia"], "synthetic"),
+    QARecord("3", "Who founded Quellon Works?", ["Mirelle Dask"], "synthetic"),
+]

@@ -1,0 +1,49 @@
+"""The main job's command on a small synthetic world, end to end (tokenizer loaded by path)."""
+
+from __future__ import annotations
+
+import json
+
+from rllib_search.cli import main
+
+
+def test_rollout_command(tmp_path, tiny_tokenizer):
+    tokenizer_dir = tmp_path / "tokenizer"
+    tiny_tokenizer.save_pretrained(tokenizer_dir)
+    out = tmp_path / "out"
+    argv = [
+        "rollout",
+        "--world",
+        str(tmp_path / "world"),
+        "--train",
+        "50",
+        "--test",
+        "40",
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--episodes",
+        "12",
+        "--out",
+        str(out),
+        "--lambda-format",
+        "0.2",
+    ]
+    assert main(argv) == 0
+    rows = {(r["protocol"], r["policy"]): r for r in json.loads((out / "summary.json").read_text())}
+    assert len(rows) == 9
+    for protocol in ("search_r1", "r1_searcher", "r_search"):
+        teacher, noisy, guess = (rows[(protocol, p)] for p in ("teacher", "noisy_teacher", "no_search"))
+        # The teacher follows each question's hop chain through the real BM25 index and always answers right.
+        assert (
+            teacher["exact_match"] == 1.0
+            and teacher["format_valid"] == 1.0
+            and teacher["invalid_actions"] == 0
+        )
+        assert teacher["searches"] >= 1.0
+        assert noisy["invalid_actions"] > 0
+        assert guess["searches"] == 0 and guess["reward"] < teacher["reward"]
+    # λ_f = 0.2: a well-formatted wrong answer earns 0.2 under search_r1, a right one 1.
+    guess = rows[("search_r1", "no_search")]
+    assert abs(guess["reward"] - (guess["exact_match"] + 0.2 * (1 - guess["exact_match"]))) < 1e-9
+    assert (out / "rewards.png").stat().st_size > 0
+    assert "<answer>" in (out / "examples.txt").read_text()

@@ -1,0 +1,274 @@
+"""MultiTurnSearchEnv: token exactness, budgets, failures, batching, registration."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rllib_search import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig, step_batch
+from rllib_search.env.protocols import get_protocol
+from rllib_search.serve.bm25 import BM25Retriever
+from tests.helpers import PASSAGES, RECORDS
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def run_episode(env, tokenizer, segments: list[str], record_index: int = 0):
+    """Step through ``segments``; return everything the env emitted, in order."""
+    prompt, _ = env.reset(seed=0, options={"index": record_index})
+    emitted = [("prompt", list(prompt))]
+    result = None
+    for text in segments:
+        ids = encode(tokenizer, text)
+        result = env.step(ids)
+        emitted.append(("generated", ids))
+        emitted.append(("observation", list(result[0])))
+        if result[2] or result[3]:
+            break
+    return emitted, result
+
+
+def assert_token_exact(env, emitted):
+    ids = [i for _, chunk in emitted for i in chunk]
+    mask = [int(kind == "generated") for kind, chunk in emitted for _ in chunk]
+    assert env.trajectory.token_ids == ids
+    assert env.trajectory.loss_mask == mask
+
+
+@pytest.mark.parametrize("protocol", ["search_r1", "r1_searcher", "r_search"])
+def test_episode_is_token_exact(tiny_tokenizer, retriever, protocol):
+    p = get_protocol(protocol)
+    env = MultiTurnSearchEnv(tiny_tokenizer, retriever, RECORDS, {"protocol": protocol})
+    segments = [
+        p.render_search("Tarquin Oskaley born", thought="Find the birthplace."),
+        "garbage without tags",
+        p.render_search("Velmora country", thought="Now the country."),
+        p.render_answer("Dravenia", thought="Done.", evidence="Velmora is located in Dravenia."),
+    ]
+    emitted, (obs, reward, terminated, truncated, info) = run_episode(env, tiny_tokenizer, segments, 1)
+    assert terminated and not truncated
+    assert len(obs) == 0
+    assert_token_exact(env, emitted)
+    # Observations are exactly what the protocol formats, tokenised once.
+    search_obs = emitted[2][1]
+    assert tiny_tokenizer.decode(search_obs) == p.format_observation(
+        retriever.search(["Tarquin Oskaley born"], 3)[0]
+    )
+    assert tiny_tokenizer.decode(emitted[4][1]) == p.rethink_text
+    assert info["answer"] == "Dravenia"
+    assert info["searches"] == 2 and info["invalid_actions"] == 1
+    assert reward > 0
+    assert env.trajectory.turn_spans == [
+        (s.start, s.end) for s in env.trajectory.spans if s.kind == "generated"
+    ]
+
+
+def test_search_r1_reward_and_format_on_a_clean_episode(tiny_tokenizer, retriever):
+    env = MultiTurnSearchEnv(
+        tiny_tokenizer, retriever, RECORDS, {"reward_config": {"lambda_format": 0.2, "lambda_retrieval": 0.1}}
+    )
+    protocol = get_protocol("search_r1")
+    segments = [
+        protocol.render_search("Tarquin Oskaley", thought="t"),
+        protocol.render_answer("Velmora", thought="t"),
+    ]
+    _, (_, reward, terminated, _, info) = run_episode(env, tiny_tokenizer, segments, 0)
+    assert terminated and reward == 1.0
+    assert info["format_valid"] and info["reward_components"] == {
+        "em": 1.0,
+        "format": 1.0,
+        "retrieval_hit": 1.0,
+    }
+    # Wrong answer, valid format, gold retrieved: λ_f + λ_r.
+    segments[1] = protocol.render_answer("Ostrel", thought="t")
+    _, (_, reward, *_rest) = run_episode(env, tiny_tokenizer, segments, 0)
+    assert reward == pytest.approx(0.3)
+
+
+def test_chat_template_prompt(smollm2_tokenizer, retriever):
+    env = MultiTurnSearchEnv(smollm2_tokenizer, retriever, RECORDS, {"protocol": "r_search"})
+    prompt, info = env.reset(options={"index": 0})
+    text = smollm2_tokenizer.decode(prompt)
+    assert text.startswith(
+        "<|im_start|>system\nYou are a helpful assistant that can solve the given question"
+    )
+    assert text.endswith(
+        "<|im_start|>user\nWhere was Tarquin Oskaley born?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert info["prompt_length"] == len(prompt)
+
+
+def test_smollm2_episode_token_exact_with_eos(smollm2_tokenizer, retriever):
+    env = MultiTurnSearchEnv(smollm2_tokenizer, retriever, RECORDS)
+    prompt, _ = env.reset(options={"index": 0})
+    seg1 = encode(smollm2_tokenizer, "<think> look </think>\n<search> Tarquin Oskaley </search>")
+    obs1, *_ = env.step(seg1)
+    eos = smollm2_tokenizer.eos_token_id
+    seg2 = [*encode(smollm2_tokenizer, "<think> ok </think>\n<answer> Velmora </answer>"), eos]
+    _, reward, terminated, _, info = env.step(seg2)
+    assert terminated and reward == 1.0 and info["format_valid"]  # EOS is not protocol text
+    assert env.trajectory.token_ids == [*prompt, *seg1, *obs1, *seg2]
+    assert env.trajectory.response_mask == [1] * len(seg1) + [0] * len(obs1) + [1] * len(seg2)
+
+
+def test_observation_is_cut_in_tokens_and_stays_closed(tiny_tokenizer):
+    long_passages = [type(PASSAGES[0])("x", "Long", "word " * 400)]
+    env = MultiTurnSearchEnv(tiny_tokenizer, BM25Retriever(long_passages), RECORDS, {"max_obs_tokens": 40})
+    env.reset(options={"index": 0})
+    obs, _, _, _, info = env.step(encode(tiny_tokenizer, "<think>a</think><search> word </search>"))
+    assert len(obs) == 40
+    closing = encode(tiny_tokenizer, "</information>\n\n")
+    assert list(obs[-len(closing) :]) == closing
+    assert info["observation_truncations"] == 1
+    assert env.retrieved_blocks[0].startswith("Doc 1(Title: Long) word")
+
+
+def test_max_turns_truncates_and_skips_the_last_search(tiny_tokenizer, retriever):
+    calls = []
+
+    class CountingRetriever(BM25Retriever):
+        def search(self, queries, topk):
+            calls.append(list(queries))
+            return super().search(queries, topk)
+
+    env = MultiTurnSearchEnv(tiny_tokenizer, CountingRetriever(PASSAGES), RECORDS, {"max_turns": 2})
+    env.reset(options={"index": 0})
+    search = encode(tiny_tokenizer, "<think>a</think><search> Velmora </search>")
+    assert env.step(search)[2:4] == (False, False)
+    obs, _, terminated, truncated, info = env.step(search)
+    assert (terminated, truncated, len(obs)) == (False, True, 0)
+    assert len(calls) == 1  # the search on the last turn is not executed
+    assert info["turn"] == 2 and "reward_components" in info
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step(search)
+
+
+def test_whole_trajectory_budget(tiny_tokenizer, retriever):
+    budget = 400
+    env = MultiTurnSearchEnv(
+        tiny_tokenizer, retriever, RECORDS, {"max_total_tokens": budget, "max_turns": 50}
+    )
+    env.reset(options={"index": 0})
+    search = encode(tiny_tokenizer, "<think>a</think><search> Velmora </search>")
+    for _ in range(50):
+        _, _, terminated, truncated, info = env.step(search)
+        assert not terminated
+        assert len(env.trajectory) <= budget
+        if truncated:
+            break
+    # The last observation was cut to the tokens left: the trajectory fills the budget exactly.
+    assert truncated and len(env.trajectory) == budget and env.remaining_tokens == 0
+    assert info["observation_truncations"] == 1 and "reward_components" in info
+
+
+def test_retriever_failure_becomes_an_error_observation(tiny_tokenizer):
+    class DownRetriever:
+        def search(self, queries, topk):
+            raise ConnectionError("retriever unreachable")
+
+    env = MultiTurnSearchEnv(tiny_tokenizer, DownRetriever(), RECORDS)
+    env.reset(options={"index": 0})
+    obs, _, terminated, truncated, info = env.step(
+        encode(tiny_tokenizer, "<think>a</think><search> q </search>")
+    )
+    text = tiny_tokenizer.decode(obs)
+    assert text.startswith("\n\n<information>Search failed: ConnectionError: retriever unreachable")
+    assert text.endswith("</information>\n\n")
+    assert info["retriever_errors"] == 1 and info["searches"] == 0
+    assert not (terminated or truncated)
+
+
+def test_step_batch_sends_one_retriever_call_per_turn(tiny_tokenizer):
+    calls = []
+
+    class CountingRetriever(BM25Retriever):
+        def search(self, queries, topk):
+            calls.append(list(queries))
+            return super().search(queries, topk)
+
+    retriever = CountingRetriever(PASSAGES)
+    envs = [MultiTurnSearchEnv(tiny_tokenizer, retriever, RECORDS) for _ in range(4)]
+    for i, env in enumerate(envs):
+        env.reset(options={"index": i})
+    segments = [
+        "<think>a</think><search> Tarquin Oskaley </search>",
+        "no action here",
+        "<think>a</think><search> Quellon Works </search>",
+        "<think>a</think><answer> Mirelle Dask </answer>",
+    ]
+    results = step_batch(envs, [encode(tiny_tokenizer, s) for s in segments])
+    assert calls == [["Tarquin Oskaley", "Quellon Works"]]
+    assert [r.terminated for r in results] == [False, False, False, True]
+    assert results[1].info["invalid_reason"] == "no search or answer"
+    # Same observations as stepping one env at a time.
+    solo = MultiTurnSearchEnv(tiny_tokenizer, BM25Retriever(PASSAGES), RECORDS)
+    solo.reset(options={"index": 0})
+    assert list(solo.step(encode(tiny_tokenizer, segments[0]))[0]) == list(results[0].observation)
+
+
+def test_logprobs_are_kept_for_generated_tokens(tiny_tokenizer, retriever):
+    env = MultiTurnSearchEnv(tiny_tokenizer, retriever, RECORDS)
+    prompt, _ = env.reset(options={"index": 0})
+    ids = encode(tiny_tokenizer, "<think>a</think><answer> Velmora </answer>")
+    logprobs = [-0.5] * len(ids)
+    env.step({"token_ids": ids, "logprobs": logprobs})
+    assert env.trajectory.logprobs[len(prompt) :] == logprobs
+    assert all(np.isnan(env.trajectory.logprobs[: len(prompt)]))
+
+
+def test_out_of_vocabulary_ids_are_rejected(tiny_tokenizer, retriever):
+    env = MultiTurnSearchEnv(tiny_tokenizer, retriever, RECORDS)
+    env.reset(options={"index": 0})
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        env.step([len(tiny_tokenizer) + 10])
+
+
+def test_spaces_describe_ragged_token_sequences(tiny_tokenizer, retriever):
+    env = MultiTurnSearchEnv(tiny_tokenizer, retriever, RECORDS)
+    prompt, _ = env.reset(seed=3)
+    assert env.observation_space.contains(prompt)
+    assert env.action_space.contains(
+        np.asarray(encode(tiny_tokenizer, "<answer> x </answer>"), dtype=np.int64)
+    )
+    assert env.action_space.feature_space.n == len(tiny_tokenizer)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="max_turns"):
+        SearchEnvConfig(max_turns=0)
+    with pytest.raises(ValueError, match="unknown env config keys"):
+        SearchEnvConfig.from_dict({"max_turn": 3})
+
+
+def test_registered_with_rllib_and_gymnasium(tiny_tokenizer, tmp_path):
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    from rllib_search.data.formats import write_corpus_jsonl, write_qa_jsonl
+
+    corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "test.jsonl"
+    write_corpus_jsonl(PASSAGES, corpus)
+    write_qa_jsonl(RECORDS, questions)
+    tokenizer_dir = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(tokenizer_dir)
+    env_config = {
+        "tokenizer": str(tokenizer_dir),
+        "retriever": {"type": "bm25", "corpus": str(corpus)},
+        "dataset": str(questions),
+        "protocol": "r1_searcher",
+        "max_turns": 3,
+    }
+    creator = _global_registry.get(ENV_CREATOR, ENV_ID)
+    env = creator(env_config)
+    assert isinstance(env, MultiTurnSearchEnv) and env.protocol.name == "r1_searcher"
+    prompt, info = env.reset(seed=0)
+    assert len(prompt) == info["prompt_length"]
+    obs, *_ = env.step(encode(tiny_tokenizer, "<think>a</think><|begin_of_query|> Velmora <|end_of_query|>"))
+    assert "Velmora is a city" in tiny_tokenizer.decode(obs)
+
+    gym_env = gym.make(ENV_ID, **env_config)
+    assert isinstance(gym_env.unwrapped, MultiTurnSearchEnv)
+    with pytest.raises(ValueError, match="unknown env_config keys"):
+        creator({**env_config, "max_turn": 2})
