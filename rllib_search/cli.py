@@ -1,6 +1,8 @@
 """``rllib-search``: the command line.
 
 - ``rllib-search world --out DIR``: write the synthetic multi-hop world (corpus + train/test files).
+- ``rllib-search index build ...`` / ``index info DIR``: build or describe a retrieval index.
+- ``rllib-search serve retriever --index DIR``: the retrieval service on Ray Serve.
 - ``rllib-search rollout``: the main job on the embedded default: scripted policies through
   MultiTurnSearchEnv on the synthetic world with a BM25 retriever, for each protocol; prints a table and
   writes ``summary.json``, ``rewards.png`` and example responses under ``--out``.
@@ -150,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--lambda-retrieval", type=float, default=0.0, help="search_r1 reward's λ_r")
     rollout.add_argument("--out", default="runs/rollout", help="where summary.json and rewards.png go")
     rollout.set_defaults(func=cmd_rollout)
+
+    from rllib_search.serve.index_cli import add_index_commands
+    from rllib_search.serve.serve_cli import add_serve_commands
+
+    add_index_commands(sub)
+    add_serve_commands(sub)
     return parser
 
 

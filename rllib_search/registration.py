@@ -5,8 +5,8 @@ in RLlib, ``gymnasium.make(ENV_ID, **env_config)`` or ``gymnasium.make("rllib_se
 build the env from plain configuration:
 
 - ``tokenizer``: a hub name, a local path or a bundled alias (``smollm2-135m-instruct``), or a tokenizer;
-- ``retriever``: an object with ``search(queries, topk)``, or ``{"type": "bm25", "corpus": PATH}``
-  (corpus jsonl or parquet);
+- ``retriever``: an object with ``search(queries, topk)``, or a spec (see :func:`build_retriever`):
+  the Serve deployment, an HTTP URL, an index directory, or BM25 over a corpus file;
 - ``dataset``: a QA file (Search-R1 parquet or FlashRAG jsonl) or a list of ``QARecord``;
 - ``judge``: the evidence judge callable for ``r_search`` (optional);
 - every field of :class:`~rllib_search.env.search_env.SearchEnvConfig` (``protocol``, ``max_turns``, ...).
@@ -48,20 +48,40 @@ def make_env(**env_config: Any) -> MultiTurnSearchEnv:
 
 
 def build_retriever(spec: Retriever | Mapping[str, Any] | None) -> Retriever | None:
-    """A retriever from an object (returned as is) or a spec such as ``{"type": "bm25", "corpus": PATH}``."""
+    """A retriever from an object (returned as is) or a spec:
+
+    - ``{"type": "serve", "app": "retriever", **client_options}``: the Serve deployment, in-cluster;
+    - ``{"type": "url", "url": "http://127.0.0.1:8000/retrieve", **client_options}``: any Search-R1-style
+      HTTP retrieval server;
+    - ``{"type": "index", "dir": INDEX_DIR}``: an index built by ``rllib-search index build``, in-process;
+    - ``{"type": "bm25", "corpus": PATH}``: BM25 over a corpus file, in-process (small corpora).
+    """
     if spec is None or isinstance(spec, Retriever):
         return spec
     if not isinstance(spec, Mapping):
         raise TypeError(
             f"retriever must have search(queries, topk) or be a spec dict, got {type(spec).__name__}"
         )
-    kind = spec.get("type")
+    options = dict(spec)
+    kind = options.pop("type", None)
+    if kind == "serve":
+        from rllib_search.serve.client import RetrieverClient
+
+        return RetrieverClient.from_app(options.pop("app", "retriever"), **options)
+    if kind == "url":
+        from rllib_search.serve.client import RetrieverClient
+
+        return RetrieverClient(**options)
+    if kind == "index":
+        from rllib_search.serve.indexes import load_index
+
+        return load_index(options.pop("dir"), **options)
     if kind == "bm25":
         from rllib_search.data.formats import iter_passages, read_corpus
         from rllib_search.serve.bm25 import BM25Retriever
 
-        return BM25Retriever(list(iter_passages(read_corpus(spec["corpus"]))))
-    raise ValueError(f"unknown retriever type {kind!r}; known: 'bm25'")
+        return BM25Retriever(list(iter_passages(read_corpus(options["corpus"]))))
+    raise ValueError(f"unknown retriever type {kind!r}; known: 'serve', 'url', 'index', 'bm25'")
 
 
 def _known_keys() -> set[str]:
@@ -74,10 +94,25 @@ def _rllib_env_creator(env_config: Mapping[str, Any]) -> MultiTurnSearchEnv:
 
 
 def register_envs() -> None:
-    """Register ``rllib_search/MultiTurnSearch-v0`` with RLlib and gymnasium (idempotent)."""
+    """Register ``rllib_search/MultiTurnSearch-v0`` with RLlib and gymnasium (idempotent).
+
+    Tune's registry lives in the cluster once Ray is up and is gone with it, so the RLlib registration is
+    also repeated after every ``ray.init`` (a post-init hook): a second Ray session in the same process
+    still finds the env.
+    """
     import gymnasium as gym
+    import ray
     from ray.tune.registry import register_env
 
     register_env(ENV_ID, _rllib_env_creator)
     if ENV_ID not in gym.registry:
         gym.register(id=ENV_ID, entry_point="rllib_search.registration:make_env", disable_env_checker=True)
+    hooks = getattr(ray._private.worker, "_post_init_hooks", None)
+    if hooks is not None and _register_rllib_env not in hooks:
+        hooks.append(_register_rllib_env)
+
+
+def _register_rllib_env() -> None:
+    from ray.tune.registry import register_env
+
+    register_env(ENV_ID, _rllib_env_creator)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from rllib_search import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig, step_batch
+from rllib_search import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig, register_envs, step_batch
 from rllib_search.env.protocols import get_protocol
 from rllib_search.serve.bm25 import BM25Retriever
 from tests.helpers import PASSAGES, RECORDS
@@ -260,6 +263,7 @@ def test_registered_with_rllib_and_gymnasium(tiny_tokenizer, tmp_path):
         "protocol": "r1_searcher",
         "max_turns": 3,
     }
+    register_envs()  # an earlier test's Ray session took the import-time registration with it
     creator = _global_registry.get(ENV_CREATOR, ENV_ID)
     env = creator(env_config)
     assert isinstance(env, MultiTurnSearchEnv) and env.protocol.name == "r1_searcher"
@@ -272,3 +276,19 @@ def test_registered_with_rllib_and_gymnasium(tiny_tokenizer, tmp_path):
     assert isinstance(gym_env.unwrapped, MultiTurnSearchEnv)
     with pytest.raises(ValueError, match="unknown env_config keys"):
         creator({**env_config, "max_turn": 2})
+
+
+def test_importing_the_package_registers_the_env_for_every_ray_session():
+    script = (
+        "import rllib_search, ray\n"
+        "from ray.tune.registry import ENV_CREATOR, _global_registry as r\n"
+        "assert r.contains(ENV_CREATOR, rllib_search.ENV_ID)\n"
+        "for _ in range(2):\n"
+        "    ray.init(num_cpus=1, include_dashboard=False)\n"
+        "    assert r.contains(ENV_CREATOR, rllib_search.ENV_ID)\n"
+        "    ray.shutdown()\n"
+        "import gymnasium\n"
+        "assert rllib_search.ENV_ID in gymnasium.registry\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

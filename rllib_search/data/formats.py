@@ -327,7 +327,8 @@ def _corpus_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
 def read_corpus(path: str | Path) -> pa.Table:
     """A corpus as a table with string columns ``id``, ``title`` and ``text`` (and ``contents``).
 
-    Parquet is memory-mapped, so a large corpus costs page cache rather than process memory.
+    Parquet is decoded into process memory (fine for demos and tests); a retrieval index keeps its corpus
+    as a memory-mapped Arrow IPC file instead (``serve/indexes.py``), which costs page cache, not RSS.
     """
     path = Path(path)
     if path.suffix == ".jsonl":

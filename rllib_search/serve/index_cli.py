@@ -1,0 +1,122 @@
+"""``rllib-search index``: build a retrieval index directory, or show what one holds.
+
+- ``rllib-search index build --corpus CORPUS --kind flat|hnsw|ivfpq|bm25|random --out DIR``
+  (``--encoder`` for the dense kinds, default ``intfloat/e5-base-v2``; per-kind options below).
+- ``rllib-search index info DIR``: print the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+# Command-line flags (argparse dests) of index options: dest -> (kind, option of KIND_OPTIONS[kind]).
+KIND_FLAGS = {
+    "hnsw_m": ("hnsw", "m"),
+    "ef_construction": ("hnsw", "ef_construction"),
+    "ef_search": ("hnsw", "ef_search"),
+    "nlist": ("ivfpq", "nlist"),
+    "pq_m": ("ivfpq", "pq_m"),
+    "nbits": ("ivfpq", "nbits"),
+    "nprobe": ("ivfpq", "nprobe"),
+    "train_size": ("ivfpq", "train_size"),
+    "bm25_k1": ("bm25", "k1"),
+    "bm25_b": ("bm25", "b"),
+    "seed": ("random", "seed"),
+}
+# Flags that override the encoder family's preset: argparse dests named as EncoderSpec fields.
+ENCODER_FLAGS = ("pooling", "query_prefix", "passage_prefix", "max_length")
+
+
+def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``index build`` and ``index info`` on a CLI's subcommands."""
+    from rllib_search.serve.indexes import KINDS
+
+    index = subparsers.add_parser("index", help="build and inspect retrieval indexes")
+    commands = index.add_subparsers(dest="index_command", required=True)
+
+    build = commands.add_parser("build", help="build an index directory from a corpus")
+    build.add_argument("--corpus", required=True, help="corpus .jsonl ({id, contents}) or .parquet")
+    build.add_argument("--out", required=True, help="index directory to write")
+    build.add_argument("--kind", choices=KINDS, default="flat", help="index kind (default: flat)")
+    build.add_argument(
+        "--encoder", help="dense kinds: hub name, local path or bundled alias (default: intfloat/e5-base-v2)"
+    )
+    build.add_argument("--pooling", choices=("mean", "cls"), help="override the encoder family's pooling")
+    build.add_argument("--query-prefix", help="override the encoder family's query prefix")
+    build.add_argument("--passage-prefix", help="override the encoder family's passage prefix")
+    build.add_argument("--max-length", type=int, help="override the encoder's maximum tokens per text")
+    build.add_argument("--batch-size", type=int, default=256, help="passages encoded per batch")
+    build.add_argument("--hnsw-m", type=int, help="hnsw: graph neighbours per node (default 32)")
+    build.add_argument("--ef-construction", type=int, help="hnsw: build-time beam width (default 200)")
+    build.add_argument("--ef-search", type=int, help="hnsw: search-time beam width (default 128)")
+    build.add_argument("--nlist", type=int, help="ivfpq: inverted lists (default ~4 sqrt(passages))")
+    build.add_argument("--pq-m", type=int, help="ivfpq: sub-quantizers (default: width / 8)")
+    build.add_argument("--nbits", type=int, help="ivfpq: bits per sub-quantizer code (default 8)")
+    build.add_argument("--nprobe", type=int, help="ivfpq: lists searched per query (default 16)")
+    build.add_argument("--train-size", type=int, help="ivfpq: passages to train the quantizers on")
+    build.add_argument("--bm25-k1", type=float, help="bm25: term-frequency saturation (default 1.5)")
+    build.add_argument("--bm25-b", type=float, help="bm25: length normalisation (default 0.75)")
+    build.add_argument("--seed", type=int, help="random: generator seed (default 0)")
+    build.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    build.set_defaults(func=cmd_index_build)
+
+    info = commands.add_parser("info", help="print an index directory's manifest")
+    info.add_argument("dir", help="index directory")
+    info.set_defaults(func=cmd_index_info)
+
+
+def cmd_index_build(args: argparse.Namespace) -> int:
+    """``index build``: options for another kind than ``--kind`` are an error (exit status 2)."""
+    from rllib_search.serve.indexes import DENSE_KINDS, build_index, resident_memory_mb
+
+    options: dict[str, Any] = {}
+    for dest, (kind, option) in KIND_FLAGS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if kind != args.kind:
+            return _usage_error(f"--{dest.replace('_', '-')} applies to --kind {kind} only")
+        options[option] = value
+    overrides = {field: getattr(args, field) for field in ENCODER_FLAGS if getattr(args, field) is not None}
+    encoder = None
+    if args.kind in DENSE_KINDS:
+        from rllib_search.serve.encoders import DEFAULT_ENCODER, EncoderSpec
+
+        encoder = EncoderSpec.for_model(args.encoder or DEFAULT_ENCODER, **overrides)
+    elif args.encoder is not None or overrides:
+        return _usage_error(f"a {args.kind} index uses no encoder: drop --encoder and its overrides")
+
+    start = time.perf_counter()
+    manifest = build_index(
+        args.corpus,
+        args.out,
+        args.kind,
+        encoder=encoder,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+        **options,
+    )
+    seconds = time.perf_counter() - start
+    dim = f", dim {manifest['dim']}" if manifest["dim"] is not None else ""
+    print(
+        f"[index] {manifest['kind']} index of {manifest['count']} passages{dim} in {args.out} "
+        f"({seconds:.1f} s, resident memory {resident_memory_mb():.0f} MB)"
+    )
+    return 0
+
+
+def cmd_index_info(args: argparse.Namespace) -> int:
+    """``index info DIR``: print the manifest as JSON."""
+    from rllib_search.serve.indexes import read_manifest
+
+    print(json.dumps(read_manifest(args.dir), indent=2))
+    return 0
+
+
+def _usage_error(message: str) -> int:
+    print(f"rllib-search index build: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,190 @@
+"""The retriever as an autoscaled Ray Serve deployment, speaking Search-R1's HTTP schema.
+
+``POST /retrieve`` takes ``{"queries": [...], "topk": k, "return_scores": bool}`` and answers
+``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` (no ``score`` when
+``return_scores`` is false), so Search-R1's, verl's and SkyRL's clients work unchanged. In-cluster callers
+skip HTTP and call ``search`` through a DeploymentHandle (see ``serve/client.py``).
+
+Query encoding dominates retrieval cost, so concurrent requests are batched: ``@serve.batch`` gathers the
+requests that arrive while the previous batch runs (counting queries, not requests) and the index encodes
+and searches all their queries in one call. Requests are bounded (queries per request, characters per
+query, topk range) and answered with 4xx and a message when they break a bound.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI must see the request model's real type on the
+# ingress methods to read it from the body.
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from ray import serve
+
+from rllib_search.env.retrieval import Passage
+
+logger = logging.getLogger(__name__)
+
+DEPLOYMENT_NAME = "Retriever"
+APP_NAME = "retriever"
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one request; a request outside them gets a 4xx with a message."""
+
+    max_queries: int = 1024
+    max_query_chars: int = 2000
+    max_topk: int = 100
+
+    def check(self, queries: Sequence[Any], topk: Any) -> str | None:
+        """The reason ``queries``/``topk`` break a bound, or None."""
+        if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= self.max_topk:
+            return f"topk must be an integer in [1, {self.max_topk}], got {topk!r}"
+        if len(queries) > self.max_queries:
+            return f"at most {self.max_queries} queries per request, got {len(queries)}"
+        for i, query in enumerate(queries):
+            if not isinstance(query, str):
+                return f"queries[{i}] must be a string, got {type(query).__name__}"
+            if len(query) > self.max_query_chars:
+                return f"queries[{i}] has {len(query)} characters, at most {self.max_query_chars} allowed"
+        return None
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's request body."""
+
+    queries: list[str]
+    topk: int = Field(default=3)
+    return_scores: bool = False
+
+
+def passage_to_json(passage: Passage, return_scores: bool) -> dict[str, Any]:
+    """One result in Search-R1's response schema."""
+    item: dict[str, Any] = {"document": {"id": passage.id, "contents": passage.contents}}
+    if return_scores:
+        item["score"] = passage.score
+    return item
+
+
+http_app = FastAPI(title="rllib-search retriever", description="Search-R1-compatible retrieval service")
+
+
+# Requests above max_ongoing_requests wait in the caller's router, which re-offers them with backoff: with
+# a low cap the replica sees few requests at a time and its batches stay tiny (measured: 7.7 q/s at 64 against
+# 140 q/s at 1024 for 300 concurrent one-query requests). Waiting inside the batch queue is cheap.
+@serve.deployment(name=DEPLOYMENT_NAME, max_ongoing_requests=1024)
+@serve.ingress(http_app)
+class RetrieverDeployment:
+    """A replica: one index (dense faiss + encoder, BM25 or random) over a memory-mapped corpus."""
+
+    def __init__(
+        self,
+        index_dir: str,
+        encoder: str | None = None,
+        max_batch_queries: int = 1024,
+        batch_wait_timeout_s: float = 0.02,
+        limits: dict[str, int] | None = None,
+        device: str | None = None,
+    ) -> None:
+        from rllib_search.serve.indexes import load_index
+
+        self.limits = RequestLimits(**(limits or {}))
+        if max_batch_queries < self.limits.max_queries:
+            raise ValueError(
+                "max_batch_queries must be at least limits.max_queries (one request fits a batch)"
+            )
+        self.index = load_index(index_dir, encoder=encoder, device=device)
+        self._search_batched.set_max_batch_size(max_batch_queries)
+        self._search_batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.batches = 0
+        self.batched_queries = 0
+        self.search_seconds = 0.0
+        logger.info("retriever replica ready: %s", self.index.manifest.get("kind"))
+
+    # --- in-cluster API (DeploymentHandle) ---------------------------------------------------------------
+    async def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        """The ``topk`` passages for each query; raises ValueError for a request outside the limits."""
+        problem = self.limits.check(queries, topk)
+        if problem is not None:
+            raise ValueError(problem)
+        if not queries:
+            return []
+        return await self._search_batched((list(queries), int(topk)))
+
+    async def stats(self) -> dict[str, Any]:
+        """Replica statistics: resident memory, batches run, mean queries per batch, index manifest."""
+        from rllib_search.serve.indexes import resident_memory_mb
+
+        mean = self.batched_queries / self.batches if self.batches else 0.0
+        return {
+            "rss_mb": resident_memory_mb(),
+            "batches": self.batches,
+            "mean_queries_per_batch": mean,
+            "search_seconds": self.search_seconds,
+            "limits": asdict(self.limits),
+            "manifest": self.index.manifest,
+        }
+
+    @serve.batch(
+        max_batch_size=1024,
+        batch_wait_timeout_s=0.02,
+        batch_size_fn=lambda items: sum(len(q) for q, _ in items),
+    )
+    async def _search_batched(self, requests: list[tuple[list[str], int]]) -> list[list[list[Passage]]]:
+        """ONE index call (one encoder pass) for the queries of every request in the batch."""
+        queries = [query for request_queries, _ in requests for query in request_queries]
+        topk = max(k for _, k in requests)
+        # The event loop keeps accepting requests (the next batch) while this one is encoded.
+        started = time.perf_counter()
+        results = await asyncio.to_thread(self.index.search, queries, topk)
+        self.search_seconds += time.perf_counter() - started
+        self.batches += 1
+        self.batched_queries += len(queries)
+        split, start = [], 0
+        for request_queries, k in requests:
+            split.append([passages[:k] for passages in results[start : start + len(request_queries)]])
+            start += len(request_queries)
+        return split
+
+    # --- HTTP API (Search-R1 schema) -----------------------------------------------------------------
+    @http_app.post("/retrieve")
+    async def retrieve(self, request: RetrieveRequest) -> JSONResponse:
+        problem = self.limits.check(request.queries, request.topk)
+        if problem is not None:
+            status = 413 if len(request.queries) > self.limits.max_queries else 422
+            return JSONResponse({"detail": problem}, status_code=status)
+        results = await self.search(request.queries, request.topk)
+        body = [[passage_to_json(p, request.return_scores) for p in passages] for passages in results]
+        return JSONResponse({"result": body})
+
+    @http_app.get("/health")
+    async def health(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+
+def build_retriever_app(args: dict[str, Any]) -> serve.Application:
+    """Application builder for ``serve build`` / ``serve deploy`` and ``rllib-search serve retriever``.
+
+    ``args``: ``index_dir`` (required), ``encoder``, ``max_batch_queries``, ``batch_wait_timeout_s``,
+    ``limits`` (dict), ``device``, and deployment options ``autoscaling_config`` (dict: min_replicas,
+    max_replicas, target_ongoing_requests, ...), ``num_replicas`` and ``ray_actor_options`` (num_cpus,
+    num_gpus, ...).
+    """
+    args = dict(args)
+    if "index_dir" not in args:
+        raise ValueError("the retriever app needs 'index_dir'")
+    options: dict[str, Any] = {}
+    for key in ("autoscaling_config", "num_replicas", "ray_actor_options", "max_ongoing_requests"):
+        if args.get(key) is not None:
+            options[key] = args.pop(key)
+        else:
+            args.pop(key, None)
+    if "autoscaling_config" in options:
+        options.pop("num_replicas", None)
+    deployment = RetrieverDeployment.options(**options) if options else RetrieverDeployment
+    return deployment.bind(**args)

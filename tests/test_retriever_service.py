@@ -1,0 +1,239 @@
+"""The retriever on real Ray Serve over 127.0.0.1: Search-R1's HTTP schema, bounds, the in-cluster client,
+dynamic batching, surviving a killed replica, and the env using it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from rllib_search.data.formats import write_corpus_jsonl
+from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+from rllib_search.env.search_env import MultiTurnSearchEnv
+from rllib_search.serve.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
+from rllib_search.serve.indexes import build_index, load_index
+from rllib_search.serve.retriever import APP_NAME, DEPLOYMENT_NAME, build_retriever_app
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(SyntheticWorldConfig(seed=3, num_passages=300, num_train=20, num_test=30))
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, world) -> Path:
+    root = tmp_path_factory.mktemp("retriever_index")
+    write_corpus_jsonl(world.passages, root / "corpus.jsonl")
+    build_index(root / "corpus.jsonl", root / "flat", kind="flat", encoder="all-minilm-l6-v2", progress=False)
+    return root / "flat"
+
+
+@pytest.fixture(scope="module")
+def service(index_dir):
+    """Ray + Serve on loopback with two retriever replicas; yields the /retrieve URL."""
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_retriever_app(
+        {
+            "index_dir": str(index_dir),
+            "encoder": "all-minilm-l6-v2",
+            "num_replicas": 2,
+            "ray_actor_options": {"num_cpus": 0.5},
+            "limits": {"max_queries": 64, "max_query_chars": 500, "max_topk": 10},
+            "max_batch_queries": 256,
+            "batch_wait_timeout_s": 0.01,
+        }
+    )
+    serve.run(app, name=APP_NAME, route_prefix="/")
+    yield f"http://127.0.0.1:{port}/retrieve"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def test_http_schema_is_search_r1s(service, index_dir, world):
+    queries = [world.test[0].extra["hops"][0]["query"], "lead singer"]
+    response = requests.post(service, json={"queries": queries, "topk": 3, "return_scores": True}, timeout=30)
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert len(result) == 2 and all(len(r) == 3 for r in result)
+    first = result[0][0]
+    assert set(first) == {"document", "score"} and set(first["document"]) == {"id", "contents"}
+    assert first["document"]["contents"].startswith('"')
+    # Same passages as the index in-process, best first.
+    local = load_index(index_dir).search(queries, 3)
+    assert [item["document"]["id"] for item in result[0]] == [p.id for p in local[0]]
+    scores = [item["score"] for item in result[0]]
+    assert scores == sorted(scores, reverse=True)
+
+    no_scores = requests.post(
+        service, json={"queries": queries[:1], "topk": 2, "return_scores": False}, timeout=30
+    )
+    assert all(set(item) == {"document"} for item in no_scores.json()["result"][0])
+
+
+def test_search_r1_client_usage(service, world):
+    """Search-R1's rollout posts {queries, topk, return_scores: True} and reads result[i][j]['document']
+    ['contents'], splitting the title off the first line to write 'Doc i(Title: t) text'."""
+    payload = {
+        "queries": [r.extra["hops"][0]["query"] for r in world.test[:4]],
+        "topk": 3,
+        "return_scores": True,
+    }
+    results = requests.post(service, json=payload, timeout=30).json()["result"]
+    for retrieval in results:
+        lines = []
+        for i, item in enumerate(retrieval):
+            content = item["document"]["contents"]
+            title, text = content.split("\n")[0], "\n".join(content.split("\n")[1:])
+            lines.append(f"Doc {i + 1}(Title: {title}) {text}")
+        assert len(lines) == 3 and all(line.startswith("Doc ") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"not json at all", 422),
+        (b"", 422),
+        ({"topk": 3}, 422),
+        ({"queries": "a string, not a list", "topk": 3}, 422),
+        ({"queries": [1, 2], "topk": 3}, 422),
+        ({"queries": ["q"], "topk": 0}, 422),
+        ({"queries": ["q"], "topk": 11}, 422),
+        ({"queries": ["q"], "topk": "many"}, 422),
+        ({"queries": ["q" * 501], "topk": 3}, 422),
+        ({"queries": ["q"] * 65, "topk": 3}, 413),
+    ],
+)
+def test_malformed_requests_get_4xx_with_a_message(service, body, status):
+    if isinstance(body, bytes):
+        response = requests.post(service, data=body, headers={"content-type": "application/json"}, timeout=30)
+    else:
+        response = requests.post(service, json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert response.json()["detail"]
+
+
+def test_empty_query_list(service):
+    response = requests.post(service, json={"queries": [], "topk": 3}, timeout=30)
+    assert response.status_code == 200 and response.json() == {"result": []}
+
+
+def test_handle_client_matches_http_and_rejects_bad_requests(service):
+    client = RetrieverClient.from_app(timeout_s=30)
+    via_handle = client.search(["lead singer", "capital"], 2)
+    via_http = RetrieverClient(url=service).search(["lead singer", "capital"], 2)
+    assert [[p.id for p in r] for r in via_handle] == [[p.id for p in r] for r in via_http]
+    assert via_handle[0][0].title and via_handle[0][0].score is not None
+    with pytest.raises(RetrieverRequestError, match="topk"):
+        client.search(["q"], 50)
+    with pytest.raises(RetrieverRequestError, match="HTTP 422"):
+        RetrieverClient(url=service).search(["q" * 600], 3)
+
+
+def test_concurrent_requests_are_batched(service):
+    from ray import serve
+
+    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=APP_NAME)
+    before = [handle.stats.remote().result() for _ in range(6)]  # both replicas answer at least once
+    client = RetrieverClient.from_app(timeout_s=60)
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda i: client.search([f"question number {i}"], 3), range(64)))
+    assert all(len(r) == 1 and len(r[0]) == 3 for r in results)
+    after = [handle.stats.remote().result() for _ in range(6)]
+    batches = max(s["batches"] for s in after) + min(s["batches"] for s in after)
+    assert batches < 64 + sum(s["batches"] for s in before)  # fewer encoder calls than requests
+    assert max(s["mean_queries_per_batch"] for s in after) > 1.0
+    assert all(s["rss_mb"] > 0 for s in after)
+
+
+def test_client_survives_a_killed_replica(service):
+    import ray
+
+    client = RetrieverClient.from_app(timeout_s=20, max_retries=8, backoff_s=0.25)
+    answers, errors = [], []
+    stop = threading.Event()
+
+    def query_loop() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                answers.append(client.search([f"capital {i}"], 2))
+            except Exception as error:  # counted: the assertion below wants none
+                errors.append(error)
+            i += 1
+
+    thread = threading.Thread(target=query_loop)
+    thread.start()
+    time.sleep(1.0)
+    replicas = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "serve" and DEPLOYMENT_NAME in a["name"] and "REPLICA" in a["name"].upper()
+    ]
+    assert replicas, "no replica actor found"
+    ray.kill(ray.get_actor(replicas[0]["name"], namespace="serve"), no_restart=True)
+    killed_at = len(answers)
+    time.sleep(6.0)
+    stop.set()
+    thread.join(timeout=120)
+    assert not errors
+    assert len(answers) > killed_at  # queries went on after the kill
+
+
+def test_env_searches_through_the_service_and_counts_failures(service, tiny_tokenizer, world):
+    record = world.test[0]
+    env = MultiTurnSearchEnv(tiny_tokenizer, RetrieverClient.from_app(timeout_s=30), [record])
+    env.reset(options={"index": 0})
+    segment = tiny_tokenizer(
+        env.protocol.render_search(record.extra["hops"][0]["query"], thought="t"), add_special_tokens=False
+    )["input_ids"]
+    obs, *_, info = env.step(segment)
+    assert info["searches"] == 1 and "Doc 1(Title:" in tiny_tokenizer.decode(obs)
+
+    dead = RetrieverClient(
+        url=f"http://127.0.0.1:{_free_port()}/retrieve", timeout_s=1, max_retries=1, backoff_s=0.01
+    )
+    env = MultiTurnSearchEnv(tiny_tokenizer, dead, [record])
+    env.reset(options={"index": 0})
+    obs, *_, info = env.step(segment)
+    assert info["retriever_errors"] == 1 and "Search failed: RetrieverUnavailable" in tiny_tokenizer.decode(
+        obs
+    )
+    assert dead.stats.failures == 1 and dead.stats.retries == 1
+    with pytest.raises(RetrieverUnavailable):
+        dead.search(["q"], 1)
+
+
+def test_serve_config_yaml_builds_the_app(index_dir):
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    config_path = Path(__file__).parents[1] / "tuned_examples" / "serve_retriever.yaml"
+    config = ServeDeploySchema.parse_obj(yaml.safe_load(config_path.read_text()))
+    app_config = config.applications[0]
+    assert app_config.import_path == "rllib_search.serve.retriever:build_retriever_app"
+    args = {**app_config.args, "index_dir": str(index_dir), "encoder": "all-minilm-l6-v2"}
+    app = build_retriever_app(args)
+    deployment = app._bound_deployment
+    assert deployment.name == DEPLOYMENT_NAME
+    assert (
+        deployment._deployment_config.autoscaling_config.max_replicas
+        == args["autoscaling_config"]["max_replicas"]
+    )
