@@ -1,16 +1,22 @@
-"""Shared fixtures: real tokenizers (a tiny one built here, the bundled SmolLM2) and a small real corpus."""
+"""Shared fixtures: real tokenizers (a tiny one built here, the bundled SmolLM2), a small real corpus, and
+one real retrieval service (Ray + Serve on 127.0.0.1) for the whole session."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from rllib_search.data.formats import write_corpus_jsonl
+from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
-from tests.helpers import PASSAGES, RECORDS
+from rllib_search.serve.indexes import build_index
+from rllib_search.serve.retriever import APP_NAME, build_retriever_app
+from tests.helpers import PASSAGES, RECORDS, free_port
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +46,42 @@ def retriever():
 @pytest.fixture
 def records():
     return list(RECORDS)
+
+
+@pytest.fixture(scope="session")
+def world():
+    return generate_world(SyntheticWorldConfig(seed=3, num_passages=300, num_train=20, num_test=30))
+
+
+@pytest.fixture(scope="session")
+def index_dir(tmp_path_factory, world) -> Path:
+    root = tmp_path_factory.mktemp("retriever_index")
+    write_corpus_jsonl(world.passages, root / "corpus.jsonl")
+    build_index(root / "corpus.jsonl", root / "flat", kind="flat", encoder="all-minilm-l6-v2", progress=False)
+    return root / "flat"
+
+
+@pytest.fixture(scope="session")
+def service(index_dir):
+    """Ray + Serve on loopback with two retriever replicas; yields the /retrieve URL."""
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_retriever_app(
+        {
+            "index_dir": str(index_dir),
+            "encoder": "all-minilm-l6-v2",
+            "num_replicas": 2,
+            "ray_actor_options": {"num_cpus": 0.5},
+            "limits": {"max_queries": 64, "max_query_chars": 500, "max_topk": 10},
+            "max_batch_queries": 256,
+            "batch_wait_timeout_s": 0.01,
+        }
+    )
+    serve.run(app, name=APP_NAME, route_prefix="/")
+    yield f"http://127.0.0.1:{port}/retrieve"
+    serve.shutdown()
+    ray.shutdown()

@@ -3,7 +3,6 @@ dynamic batching, surviving a killed replica, and the env using it."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,59 +11,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from rllib_search.data.formats import write_corpus_jsonl
-from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.env.search_env import MultiTurnSearchEnv
 from rllib_search.serve.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
-from rllib_search.serve.indexes import build_index, load_index
+from rllib_search.serve.indexes import load_index
 from rllib_search.serve.retriever import APP_NAME, DEPLOYMENT_NAME, build_retriever_app
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def world():
-    return generate_world(SyntheticWorldConfig(seed=3, num_passages=300, num_train=20, num_test=30))
-
-
-@pytest.fixture(scope="module")
-def index_dir(tmp_path_factory, world) -> Path:
-    root = tmp_path_factory.mktemp("retriever_index")
-    write_corpus_jsonl(world.passages, root / "corpus.jsonl")
-    build_index(root / "corpus.jsonl", root / "flat", kind="flat", encoder="all-minilm-l6-v2", progress=False)
-    return root / "flat"
-
-
-@pytest.fixture(scope="module")
-def service(index_dir):
-    """Ray + Serve on loopback with two retriever replicas; yields the /retrieve URL."""
-    import ray
-    from ray import serve
-
-    ray.init(num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build_retriever_app(
-        {
-            "index_dir": str(index_dir),
-            "encoder": "all-minilm-l6-v2",
-            "num_replicas": 2,
-            "ray_actor_options": {"num_cpus": 0.5},
-            "limits": {"max_queries": 64, "max_query_chars": 500, "max_topk": 10},
-            "max_batch_queries": 256,
-            "batch_wait_timeout_s": 0.01,
-        }
-    )
-    serve.run(app, name=APP_NAME, route_prefix="/")
-    yield f"http://127.0.0.1:{port}/retrieve"
-    serve.shutdown()
-    ray.shutdown()
 
 
 def test_http_schema_is_search_r1s(service, index_dir, world):
@@ -208,7 +161,7 @@ def test_env_searches_through_the_service_and_counts_failures(service, tiny_toke
     assert info["searches"] == 1 and "Doc 1(Title:" in tiny_tokenizer.decode(obs)
 
     dead = RetrieverClient(
-        url=f"http://127.0.0.1:{_free_port()}/retrieve", timeout_s=1, max_retries=1, backoff_s=0.01
+        url=f"http://127.0.0.1:{free_port()}/retrieve", timeout_s=1, max_retries=1, backoff_s=0.01
     )
     env = MultiTurnSearchEnv(tiny_tokenizer, dead, [record])
     env.reset(options={"index": 0})

@@ -1,0 +1,166 @@
+"""Rollout benchmark: the LLMEnvRunner's multi-turn rollout against the raw engine, side by side.
+
+For each model (a tiny Llama trained for a few steps to search, and the bundled SmolLM2-135M-Instruct):
+
+- rollout: ``LLMEnvRunner.sample()`` on the synthetic world with an in-process BM25 retriever (search_r1
+  protocol, stop strings, up to 3 turns): generated tokens / wall time of the whole sample (engine, env
+  parsing, retrieval, observation tokenisation, re-feeding the prefixes every turn);
+- raw: ``HFEngine.generate`` in ONE call for the same prompts, each row asked for the number of tokens its
+  episode generated in total (no stop strings): generated tokens / wall time.
+
+Also counted: tokens kept after a stop tag in any rollout segment (must be 0). Prints a final JSON line and
+writes ``benchmarks/results/rollout.json``; ``--quick`` runs in under 3 minutes.
+
+    OMP_NUM_THREADS=1 python benchmarks/rollout_bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rllib_search import ENV_ID
+from rllib_search.algos.config import SearchConfig
+from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+from rllib_search.llm.engines import SamplingParams
+from rllib_search.llm.engines.hf import HFEngine
+from rllib_search.llm.models import load_causal_lm
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.serve.bm25 import BM25Retriever
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def searching_tiny_model(out: Path, questions: list[str]) -> Path:
+    """A tiny Llama trained for a few steps to open answers with a search turn (so stop strings fire)."""
+    model, tokenizer = load_causal_lm(
+        str(build_tiny_causal_lm(out / "base", build_tiny_tokenizer(out / "tok")))
+    )
+    target = tokenizer.encode("<think> look </think>\n<search> lead singer </search> and then more words")
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(120):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": questions[step % len(questions)]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + target])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100
+        optimizer.zero_grad()
+        model(ids, labels=labels).loss.backward()
+        optimizer.step()
+    model.save_pretrained(out / "trained")
+    tokenizer.save_pretrained(out / "trained")
+    return out / "trained"
+
+
+def tokens_after_stop(runner: LLMEnvRunner, rollouts) -> int:
+    """Tokens kept after the token that completes a stop string, over every generated segment."""
+    extra = 0
+    for rollout in rollouts:
+        for start, end in rollout.turn_spans:
+            ids = rollout.token_ids[start:end].tolist()
+            for cut in range(1, len(ids) + 1):
+                if any(stop in runner.tokenizer.decode(ids[:cut]) for stop in runner.sampling.stop):
+                    extra += len(ids) - cut
+                    break
+    return extra
+
+
+def measure(model: str, world, prompts: int, group_size: int, turn_tokens: int) -> dict[str, float]:
+    env_config = {
+        "retriever": BM25Retriever(world.passages),
+        "dataset": world.train,
+        "protocol": "search_r1",
+        "max_turns": 3,
+        "max_total_tokens": 2048,
+        "max_obs_tokens": 200,
+    }
+    config = (
+        SearchConfig()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config={"model": model})
+        .rollouts(group_size=group_size, prompts_per_sample=prompts, max_turn_tokens=turn_tokens)
+        .debugging(seed=0)
+    )
+    runner = LLMEnvRunner(config=config)
+    runner.sample(num_prompts=1)  # warm-up
+    started = time.perf_counter()
+    rollouts = runner.sample()
+    rollout_s = time.perf_counter() - started
+    rollout_tokens = sum(r.num_generated_tokens for r in rollouts)
+
+    engine = HFEngine(runner.module.model, runner.tokenizer)
+    prompts_ids = [r.token_ids[: r.prompt_length].tolist() for r in rollouts]
+    limits = [max(1, r.num_generated_tokens) for r in rollouts]
+    params = SamplingParams(temperature=1.0, max_new_tokens=max(limits), seed=0)
+    started = time.perf_counter()
+    segments = engine.generate(prompts_ids, params, limits)
+    raw_s = time.perf_counter() - started
+    raw_tokens = sum(len(s.token_ids) for s in segments)
+
+    rollout_tps, raw_tps = rollout_tokens / rollout_s, raw_tokens / raw_s
+    return {
+        "episodes": len(rollouts),
+        "rollout_generated_tokens": rollout_tokens,
+        "rollout_seconds": rollout_s,
+        "rollout_tokens_per_s": rollout_tps,
+        "raw_generated_tokens": raw_tokens,
+        "raw_seconds": raw_s,
+        "raw_tokens_per_s": raw_tps,
+        "rollout_vs_raw_tokens_per_s_ratio": rollout_tps / raw_tps,
+        "turns_per_episode": sum(r.stats["turns"] for r in rollouts) / len(rollouts),
+        "searches_per_episode": sum(r.stats["searches"] for r in rollouts) / len(rollouts),
+        "tokens_generated_after_stop": tokens_after_stop(runner, rollouts),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer episodes (< 3 minutes)")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    world = generate_world(SyntheticWorldConfig(num_passages=500, num_train=64, num_test=8))
+    results: dict[str, object] = {
+        "benchmark": "rollout",
+        "quick": args.quick,
+        "torch_threads": torch.get_num_threads(),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = searching_tiny_model(Path(tmp), [r.question for r in world.train[:8]])
+        runs = {
+            "tiny": (str(tiny), 8 if args.quick else 16, 4, 40),
+            "smollm2-135m-instruct": (
+                "smollm2-135m-instruct",
+                2 if args.quick else 4,
+                4,
+                24 if args.quick else 48,
+            ),
+        }
+        for name, (model, prompts, group, turn_tokens) in runs.items():
+            print(
+                f"[bench] {name}: {prompts} prompts x {group} samples, {turn_tokens} tokens a turn",
+                flush=True,
+            )
+            results[name] = measure(model, world, prompts, group, turn_tokens)
+            print(f"[bench] {name}: {json.dumps(results[name])}", flush=True)
+    models = [results[name] for name in ("tiny", "smollm2-135m-instruct")]
+    results["rollout_vs_raw_tokens_per_s_ratio"] = min(m["rollout_vs_raw_tokens_per_s_ratio"] for m in models)
+    results["tokens_generated_after_stop"] = sum(m["tokens_generated_after_stop"] for m in models)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "rollout.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

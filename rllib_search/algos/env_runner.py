@@ -1,0 +1,258 @@
+"""LLMEnvRunner: an RLlib EnvRunner that rolls out many multi-turn search episodes in lock step.
+
+``config.env_runners(env_runner_cls=LLMEnvRunner)`` (the default of :class:`SearchConfig`). Each
+``sample()`` draws ``prompts_per_sample`` questions from this runner's shard of the dataset, opens
+``group_size`` episodes per question, then advances every active episode one turn at a time:
+
+1. ONE ``engine.generate`` call for all active episodes (their token ids as prefixes; the protocol's stop
+   strings; each row capped at ``min(max_turn_tokens, env.remaining_tokens)``);
+2. each env parses its segment; ONE retriever call carries every query of the turn (``step_batch``);
+3. observations are appended (loss mask 0); finished episodes leave the batch.
+
+It returns :class:`~rllib_search.algos.rollout.Rollout` records (token ids, loss mask, sampled log-probs,
+turn spans, reward breakdown, group id, weights version). ``set_state`` loads the learner's weights into
+the engine in place and bumps the weights version; metrics go through RLlib's ``MetricsLogger``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env.env_runner import EnvRunner
+
+from rllib_search.algos.rollout import Rollout
+from rllib_search.data.records import QARecord
+from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig, step_batch
+from rllib_search.llm.engines import Engine, SamplingParams
+from rllib_search.registration import build_retriever
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEnvRunner(EnvRunner):
+    """Samples groups of multi-turn search episodes with an LLM engine (see the module docstring)."""
+
+    def __init__(self, *, config: Any, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        self.worker_index = self.worker_index or 0
+        config.validate_rollouts()
+        env_config = dict(self.config.env_config)
+        self.module = None
+        self.make_module()
+        self.retriever = build_retriever(env_config.pop("retriever", None))
+        self.judge = env_config.pop("judge", None)
+        self.records = self._shard(self._load_dataset(env_config.pop("dataset", None)))
+        env_config.pop("tokenizer", None)  # the policy's own tokenizer is the only one that fits
+        self.env_config = SearchEnvConfig.from_dict(env_config)
+        self.envs: list[MultiTurnSearchEnv] = []
+        self.engine = self._make_engine()
+        protocol = self.new_env().protocol
+        self.sampling = SamplingParams(
+            temperature=float(self.config.temperature),
+            top_p=float(self.config.top_p),
+            max_new_tokens=int(self.config.max_turn_tokens),
+            stop=protocol.stop_strings,
+        )
+        self.weights_version = 0
+        seed = self.config.seed if self.config.seed is not None else 0
+        self._rng = np.random.default_rng([seed, self.worker_index])
+        self._order = self._rng.permutation(len(self.records))
+        self._position = 0
+        self._epoch = 0
+        self._draws = 0
+        self._sample_calls = 0
+
+    # --- construction ---------------------------------------------------------------------------------
+    def make_module(self) -> None:
+        """The policy: an LLMRLModule built from the config's RLModule spec (inference only)."""
+        from gymnasium import spaces
+
+        from rllib_search.llm.models import load_tokenizer
+
+        spec = self.config.get_default_rl_module_spec()
+        spec.model_config = self.config.model_config
+        vocab = len(load_tokenizer(spec.model_config["model"]))
+        spec.observation_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
+        spec.action_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
+        self.module = spec.build()
+        self.module.eval()
+        self.tokenizer = self.module.tokenizer
+
+    def _make_engine(self) -> Engine:
+        options = dict(self.config.engine_options)
+        if self.config.engine == "vllm":
+            from rllib_search.llm.engines.vllm import VLLMEngine
+
+            return VLLMEngine(options.pop("model", self.module.llm_config["model"]), **options)
+        from rllib_search.llm.engines.hf import HFEngine
+
+        return HFEngine(self.module.model, self.tokenizer, **options)  # shares the module's weights
+
+    @staticmethod
+    def _load_dataset(dataset: Any) -> list[QARecord]:
+        if dataset is None:
+            raise ValueError("env_config needs 'dataset' (a QA file or a list of QARecord)")
+        if isinstance(dataset, str):
+            from rllib_search.data.formats import read_qa_file
+
+            return read_qa_file(dataset)
+        return list(dataset)
+
+    def _shard(self, records: list[QARecord]) -> list[QARecord]:
+        """This runner's share: remote runners (1..n) split the data; the local runner (0) sees it all."""
+        count = max(1, int(self.num_workers or 0))
+        shard = records if self.worker_index == 0 else records[self.worker_index - 1 :: count]
+        if not shard:
+            raise ValueError(
+                f"EnvRunner {self.worker_index} got no questions ({len(records)} for {count} runners)"
+            )
+        return shard
+
+    def new_env(self) -> MultiTurnSearchEnv:
+        """A fresh env wired to this runner's tokenizer, retriever, env config and judge."""
+        return MultiTurnSearchEnv(self.tokenizer, self.retriever, None, self.env_config, judge=self.judge)
+
+    # --- sampling -------------------------------------------------------------------------------------
+    def sample(self, *, num_prompts: int | None = None, **kwargs: Any) -> list[Rollout]:
+        """Roll out ``group_size`` episodes for each of ``num_prompts`` (default ``prompts_per_sample``)
+        questions; returns them finished, grouped by question."""
+        started = time.perf_counter()
+        records = self._next_records(int(num_prompts or self.config.prompts_per_sample))
+        group_size = int(self.config.group_size)
+        while len(self.envs) < len(records) * group_size:
+            self.envs.append(self.new_env())
+        envs = self.envs[: len(records) * group_size]
+        groups: list[str] = []
+        for i, record in enumerate(records):
+            group_id = f"{record.uid}@{self.worker_index}.{self._draws + i}"
+            for j in range(group_size):
+                envs[i * group_size + j].reset(options={"record": record})
+                groups.append(group_id)
+        self._draws += len(records)
+
+        finished: dict[int, Rollout] = {}
+        active = list(range(len(envs)))
+        generated = generate_seconds = 0.0
+        turn = 0
+        while active:
+            prefixes = [envs[i].trajectory.token_ids for i in active]
+            limits = [min(self.sampling.max_new_tokens, envs[i].remaining_tokens) for i in active]
+            params = self.sampling
+            if self.config.seed is not None:
+                params = SamplingParams(**{**params.__dict__, "seed": self._turn_seed(turn)})
+            t0 = time.perf_counter()
+            segments = self.engine.generate(prefixes, params, limits)
+            generate_seconds += time.perf_counter() - t0
+            generated += sum(len(s.token_ids) for s in segments)
+            actions = [{"token_ids": s.token_ids, "logprobs": s.logprobs} for s in segments]
+            results = step_batch([envs[i] for i in active], actions, self.retriever)
+            for i, result in zip(active, results):
+                if result.terminated or result.truncated:
+                    finished[i] = Rollout.from_env(
+                        envs[i], groups[i], self.weights_version, result.terminated, result.truncated
+                    )
+            active = [i for i in active if i not in finished]
+            turn += 1
+        self._sample_calls += 1
+        rollouts = [finished[i] for i in range(len(envs))]
+        self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started)
+        return rollouts
+
+    def _turn_seed(self, turn: int) -> int:
+        return (
+            int(self.config.seed) * 1_000_003 + self.worker_index * 10_007 + self._sample_calls * 101 + turn
+        )
+
+    def _next_records(self, count: int) -> list[QARecord]:
+        """The next ``count`` questions of this runner's shard, reshuffled every epoch."""
+        chosen = []
+        for _ in range(count):
+            if self._position >= len(self._order):
+                self._epoch += 1
+                self._order = self._rng.permutation(len(self.records))
+                self._position = 0
+            chosen.append(self.records[int(self._order[self._position])])
+            self._position += 1
+        return chosen
+
+    def _log_metrics(
+        self, rollouts: Sequence[Rollout], generated: float, gen_s: float, wall_s: float
+    ) -> None:
+        log = self.metrics.log_value
+        n = len(rollouts)
+        log("num_episodes", n, reduce="sum")
+        log("num_env_steps_sampled", sum(r.stats["turns"] for r in rollouts), reduce="sum")
+        turns = sum(r.stats["turns"] for r in rollouts)
+        for key, value in {
+            "episode_return_mean": np.mean([r.reward for r in rollouts]),
+            "turns_per_episode": turns / n,
+            "searches_per_episode": np.mean([r.stats["searches"] for r in rollouts]),
+            "valid_action_rate": 1.0 - sum(r.stats["invalid_actions"] for r in rollouts) / max(1, turns),
+            "answer_rate": np.mean([r.answer is not None for r in rollouts]),
+            "truncation_rate": np.mean([r.truncated for r in rollouts]),
+            "generated_tokens_per_episode": np.mean([r.num_generated_tokens for r in rollouts]),
+            "observation_tokens_per_episode": np.mean(
+                [len(r) - r.prompt_length - r.num_generated_tokens for r in rollouts]
+            ),
+            "generation_tokens_per_s": generated / gen_s if gen_s else 0.0,
+            "rollout_tokens_per_s": generated / wall_s if wall_s else 0.0,
+            "weights_version": float(self.weights_version),
+        }.items():
+            log(key, float(value), reduce="mean", window=1)
+        log("retriever_errors", sum(r.stats["retriever_errors"] for r in rollouts), reduce="sum")
+        for name in rollouts[0].reward_components:
+            value = np.mean([r.reward_components.get(name, 0.0) for r in rollouts])
+            log(("reward", name), float(value), reduce="mean", window=1)
+
+    def get_metrics(self) -> dict[str, Any]:
+        return self.metrics.reduce()
+
+    # --- weights and state -------------------------------------------------------------------------
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Take the learner's weights (``{COMPONENT_RL_MODULE: {module_id: weights}}`` or the weights
+        themselves) into the module and engine in place; ``weights_version`` in ``state`` wins, else +1."""
+        weights = state.get(COMPONENT_RL_MODULE)
+        if isinstance(weights, dict) and DEFAULT_MODULE_ID in weights:
+            weights = weights[DEFAULT_MODULE_ID]
+        if weights is not None:
+            self.module.set_state(weights)
+            if self.config.engine != "hf":  # the HF engine shares the module's tensors
+                self.engine.load_weights(self.module.model.state_dict())
+            self.weights_version = int(state.get("weights_version", self.weights_version + 1))
+        if "data_position" in state:
+            position = state["data_position"]
+            self._order = np.asarray(position["order"])
+            self._position, self._epoch, self._draws = (
+                position["position"],
+                position["epoch"],
+                position["draws"],
+            )
+            self._rng.bit_generator.state = position["rng"]
+
+    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Weights version and data position (the weights themselves live in the learner's checkpoint)."""
+        return {
+            "weights_version": self.weights_version,
+            "data_position": {
+                "order": self._order.tolist(),
+                "position": self._position,
+                "epoch": self._epoch,
+                "draws": self._draws,
+                "rng": self._rng.bit_generator.state,
+            },
+        }
+
+    def get_spaces(self) -> dict[str, Any]:
+        env = self.envs[0] if self.envs else self.new_env()
+        return {DEFAULT_MODULE_ID: (env.observation_space, env.action_space)}
+
+    def assert_healthy(self) -> None:
+        assert self.engine is not None and self.records, "LLMEnvRunner is not set up"
+
+    def stop(self) -> None:
+        self.engine.sleep()

@@ -1,0 +1,156 @@
+"""LLMRLModule: a Hugging Face causal LM as an RLlib ``TorchRLModule`` (with an optional value head).
+
+The learner sees token sequences, never one token per env step: ``_forward_train`` takes padded token
+ids and returns, for every position t, the log-probability of token t+1 given tokens <= t (and the entropy
+of that next-token distribution), plus one value per position when the module has a value head (PPO).
+Generation does not go through this module's forward: the rollout's engine (``llm/engines``) samples, and
+on the CPU path the HF engine shares this module's model, so a weight update is visible to it at once.
+
+Memory: the vocabulary projection is computed in chunks of positions under activation checkpointing, so
+float32 logits of the whole batch over the whole vocabulary never exist at once, not even for backward.
+
+``model_config`` keys (defaults in :data:`DEFAULT_MODEL_CONFIG`): ``model`` (hub name, local path or
+bundled alias), ``dtype`` / ``device`` (default: fp32 on CPU, bf16 on GPU), ``gradient_checkpointing``,
+``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync), ``value_head``,
+``logprob_chunk`` (positions per chunk of the vocabulary projection).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ray.rllib.core.rl_module.apis import ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rllib_search.llm.models import apply_lora, load_causal_lm
+
+DEFAULT_MODEL_CONFIG: dict[str, Any] = {
+    "model": "smollm2-135m-instruct",
+    "dtype": None,
+    "device": None,
+    "gradient_checkpointing": False,
+    "lora": None,
+    "value_head": False,
+    "logprob_chunk": 256,
+}
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The transformer stack and the vocabulary projection of a (possibly peft-wrapped) causal LM."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+
+
+def _token_logprobs_and_entropy(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    logp = torch.log_softmax(logits, dim=-1)
+    token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
+
+
+class LLMRLModule(TorchRLModule, ValueFunctionAPI):
+    """A causal LM policy over token sequences; see the module docstring for ``model_config``."""
+
+    def setup(self) -> None:
+        config = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
+        self.llm_config = config
+        model, self.tokenizer = load_causal_lm(
+            config["model"],
+            device=config["device"],
+            dtype=config["dtype"],
+            gradient_checkpointing=config["gradient_checkpointing"],
+        )
+        if config["lora"] is not None:
+            model = apply_lora(model, **config["lora"])
+        self.model = model
+        self.value_head = None
+        if config["value_head"]:
+            hidden_size = model.config.get_text_config().hidden_size
+            self.value_head = nn.Linear(hidden_size, 1, device=model.device, dtype=torch.float32)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.llm_config["lora"] is not None
+
+    # --- forward passes ---------------------------------------------------------------------------------
+    def hidden_states(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Last-layer hidden states (B, T, H) of ``batch["input_ids"]`` under ``batch["attention_mask"]``."""
+        decoder, _ = _decoder_and_head(self.model)
+        attention_mask = batch["attention_mask"]
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = decoder(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=position_ids)
+        return out.last_hidden_state
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Per position t: ``logprobs``/``entropy`` of token t+1 (B, T-1); ``values`` (B, T) if any."""
+        hidden = self.hidden_states(batch)
+        logprobs, entropy = self.token_logprobs(hidden, batch["input_ids"])
+        out = {"logprobs": logprobs, "entropy": entropy}
+        if self.value_head is not None:
+            out["values"] = self.value_head(hidden.float()).squeeze(-1)
+        return out
+
+    def token_logprobs(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability and entropy of each next token; ``logprob_chunk`` positions projected at a time."""
+        _, head = _decoder_and_head(self.model)
+        hidden, targets = hidden[:, :-1], input_ids[:, 1:]
+        chunk = int(self.llm_config["logprob_chunk"])
+        pieces = []
+        for start in range(0, hidden.shape[1], chunk):
+            h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
+            if torch.is_grad_enabled():  # recompute the chunk's logits in backward instead of keeping them
+                pieces.append(checkpoint(_token_logprobs_and_entropy, head, h, t, use_reentrant=False))
+            else:
+                pieces.append(_token_logprobs_and_entropy(head, h, t))
+        if not pieces:
+            empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
+            return empty, empty
+        return torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
+
+    def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
+        """One value per position (B, T) from the value head."""
+        if self.value_head is None:
+            raise ValueError("this LLMRLModule has no value head (model_config['value_head'] = False)")
+        hidden = embeddings if embeddings is not None else self.hidden_states(batch)
+        return self.value_head(hidden.float()).squeeze(-1)
+
+    def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Next-token logits at each row's last position (generation itself goes through an engine)."""
+        hidden = self.hidden_states(batch)
+        _, head = _decoder_and_head(self.model)
+        last = batch["attention_mask"].long().sum(-1) - 1
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return {"action_dist_inputs": head(hidden[rows, last]).float()}
+
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
+        return self._forward_inference(batch, **kwargs)
+
+    # --- state: with LoRA, only what trains ---------------------------------------------------------
+    def get_state(self, *args: Any, inference_only: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """Module weights. With LoRA only the trainable tensors (adapters, value head): the frozen base
+        model is rebuilt from ``model_config["model"]``, so syncs and checkpoints stay small."""
+        if not self.uses_lora:
+            return super().get_state(*args, inference_only=inference_only, **kwargs)
+        return {name: p.detach().cpu() for name, p in self.named_parameters() if p.requires_grad}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if not self.uses_lora:
+            super().set_state(state)
+            return
+        params = dict(self.named_parameters())
+        unknown = [name for name in state if name not in params]
+        if unknown:
+            raise KeyError(f"state has tensors this module does not: {unknown[:5]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(torch.as_tensor(value, device=params[name].device))

@@ -1,0 +1,231 @@
+"""LLMEnvRunner: token-exact rollouts with a real engine, the real Serve retriever, stop strings, group ids,
+weight sync, data position and metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_search import ENV_ID
+from rllib_search.algos.config import SearchConfig
+from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.data.records import QARecord
+from rllib_search.llm.engines import SamplingParams
+from rllib_search.llm.engines.hf import HFEngine
+from rllib_search.llm.models import load_causal_lm
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+
+pytestmark = pytest.mark.slow
+
+
+class RecordingEngine(HFEngine):
+    """The real HF engine, keeping what each generate call returned (the sampler's own output)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[list[list[int]], list]] = []
+
+    def generate(self, prefixes, params, max_new_tokens=None):
+        segments = super().generate(prefixes, params, max_new_tokens)
+        self.calls.append(([list(p) for p in prefixes], segments))
+        return segments
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runner_model")
+    return build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok"))
+
+
+@pytest.fixture(scope="module")
+def searching_model_dir(tmp_path_factory, tiny_model_dir, world):
+    """A tiny model trained for a few steps to open every answer with a search, then keep talking: its
+    segments end at the stop string only if the engine stops them there."""
+    model, tokenizer = load_causal_lm(str(tiny_model_dir))
+    target = tokenizer.encode("<think> look </think>\n<search> lead singer </search> and more text")
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    prompts = []
+    for record in world.train[:4]:
+        messages = [{"role": "user", "content": record.question}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    model.train()
+    for step in range(120):
+        prompt = list(prompts[step % len(prompts)])
+        ids = torch.tensor([prompt + target])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100
+        optimizer.zero_grad()
+        model(ids, labels=labels).loss.backward()
+        optimizer.step()
+    out = tmp_path_factory.mktemp("searching_model")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def make_config(model_dir, dataset, retriever, **rollouts) -> SearchConfig:
+    env_config = {
+        "retriever": retriever,
+        "dataset": dataset,
+        "protocol": "search_r1",
+        "max_turns": 3,
+        "max_total_tokens": 1200,
+        "max_obs_tokens": 120,
+    }
+    settings = {"group_size": 2, "prompts_per_sample": 3, "max_turn_tokens": 30, **rollouts}
+    return (
+        SearchConfig()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config={"model": str(model_dir)})
+        .rollouts(**settings)
+        .debugging(seed=7)
+    )
+
+
+def recording_runner(config) -> LLMEnvRunner:
+    runner = LLMEnvRunner(config=config)
+    runner.engine = RecordingEngine(runner.module.model, runner.tokenizer)
+    return runner
+
+
+def test_rollouts_are_token_exact_with_the_served_retriever(service, searching_model_dir, world):
+    config = make_config(searching_model_dir, world.train, {"type": "serve", "timeout_s": 60})
+    runner = recording_runner(config)
+    rollouts = runner.sample()
+    assert len(rollouts) == 6
+    # Replay the engine's calls: every generated span is exactly a segment the engine sampled for exactly
+    # the prefix before it (a group's episodes share their first prefix, so match (prefix, segment) pairs),
+    # and everything else in the rollout is prompt or env-inserted observation with mask 0.
+    produced = {
+        (tuple(prefix), tuple(segment.token_ids)): segment
+        for prefixes, segments in runner.engine.calls
+        for prefix, segment in zip(prefixes, segments)
+    }
+    searched = 0
+    for rollout in rollouts:
+        ids, mask = rollout.token_ids.tolist(), rollout.loss_mask.tolist()
+        assert set(mask[: rollout.prompt_length]) == {0}
+        for start, end in rollout.turn_spans:
+            segment = produced[(tuple(ids[:start]), tuple(ids[start:end]))]
+            assert mask[start:end] == [1] * (end - start)
+            np.testing.assert_allclose(rollout.logprobs[start:end], segment.logprobs, rtol=1e-6)
+        generated_positions = {p for s, e in rollout.turn_spans for p in range(s, e)}
+        assert all(m == (p in generated_positions) for p, m in enumerate(mask))
+        assert np.isnan(rollout.logprobs[[p for p in range(len(ids)) if p not in generated_positions]]).all()
+        searched += rollout.stats["searches"]
+    assert searched > 0  # the served retriever answered
+    assert all(r.weights_version == 0 for r in rollouts)
+
+
+def test_no_token_is_generated_past_a_stop_tag(searching_model_dir, world, retriever):
+    runner = recording_runner(make_config(searching_model_dir, world.train, retriever, temperature=0.0))
+    runner.sample()
+    stops = runner.sampling.stop
+    stopped = 0
+    for _, segments in runner.engine.calls:
+        for segment in segments:
+            text = runner.tokenizer.decode(segment.token_ids)
+            if segment.finish_reason == "stop":
+                stopped += 1
+                assert text.endswith(segment.stop_string)
+                shorter = runner.tokenizer.decode(segment.token_ids[:-1])
+                assert not any(stop in shorter for stop in stops)
+            else:
+                assert not any(stop in text for stop in stops)
+    assert stopped > 0  # the trained model does emit the stop tag, so the check above is not vacuous
+
+
+def test_group_ids_are_unique_across_data_sources(tiny_model_dir, retriever):
+    # Same ids and questions in two datasets: Search-R1's per-dataset row indices collided here.
+    dataset = [
+        QARecord(str(i), f"Who founded company {i}?", ["x"], source)
+        for source in ("nq", "hotpotqa")
+        for i in range(3)
+    ]
+    runner = LLMEnvRunner(
+        config=make_config(tiny_model_dir, dataset, retriever, prompts_per_sample=6, max_turn_tokens=4)
+    )
+    first, second = runner.sample(), runner.sample()
+    groups: dict[str, set[str]] = {}
+    for rollout in first + second:
+        groups.setdefault(rollout.group_id, set()).add(rollout.uid)
+    assert len(groups) == 12  # 2 samples x 6 prompts, each its own group
+    assert all(len(uids) == 1 for uids in groups.values())
+    sizes = {g: sum(r.group_id == g for r in first + second) for g in groups}
+    assert set(sizes.values()) == {2}
+    assert {r.data_source for r in first} == {"nq", "hotpotqa"}
+
+
+def test_weight_sync_changes_the_engine_and_the_version(tiny_model_dir, world, retriever):
+    runner = LLMEnvRunner(config=make_config(tiny_model_dir, world.train, retriever, temperature=0.0))
+    prefix = [runner.new_env().render_prompt("Who founded Quellon Works?")[1]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    before = runner.engine.generate(prefix, params)[0].token_ids
+    weights = runner.module.get_state()  # numpy arrays, as a learner's state travels
+    rng = np.random.default_rng(0)
+    changed = {k: v + 0.5 * rng.standard_normal(v.shape).astype(v.dtype) for k, v in weights.items()}
+    runner.set_state({"rl_module": {"default_policy": changed}, "weights_version": 5})
+    after = runner.engine.generate(prefix, params)[0].token_ids
+    assert after != before
+    assert runner.weights_version == 5
+    assert all(r.weights_version == 5 for r in runner.sample())
+
+
+def test_data_position_survives_get_and_set_state(tiny_model_dir, world, retriever):
+    config = make_config(tiny_model_dir, world.train, retriever, max_turn_tokens=4)
+    runner = LLMEnvRunner(config=config)
+    runner.sample()
+    state = runner.get_state()
+    expected = [r.uid for r in runner.sample()]
+    resumed = LLMEnvRunner(config=config)
+    resumed.set_state(state)
+    assert [r.uid for r in resumed.sample()] == expected
+
+
+def test_metrics_go_through_the_metrics_logger(tiny_model_dir, world, retriever):
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    runner = LLMEnvRunner(config=make_config(tiny_model_dir, world.train, retriever))
+    rollouts = runner.sample()
+    metrics = MetricsLogger.peek_results(runner.get_metrics())
+    assert metrics["num_episodes"] == len(rollouts)
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean([r.reward for r in rollouts]))
+    for key in (
+        "turns_per_episode",
+        "searches_per_episode",
+        "valid_action_rate",
+        "answer_rate",
+        "generated_tokens_per_episode",
+        "observation_tokens_per_episode",
+        "truncation_rate",
+        "generation_tokens_per_s",
+        "retriever_errors",
+    ):
+        assert key in metrics
+    assert set(metrics["reward"]) == {"em", "format", "retrieval_hit"}
+
+
+def test_smollm2_rollout_is_token_exact(world, retriever):
+    config = make_config(
+        "smollm2-135m-instruct",
+        world.train[:1],
+        retriever,
+        group_size=2,
+        prompts_per_sample=1,
+        max_turn_tokens=16,
+    )
+    runner = recording_runner(config)
+    rollouts = runner.sample()
+    produced = {
+        (tuple(p), tuple(s.token_ids))
+        for prefixes, segments in runner.engine.calls
+        for p, s in zip(prefixes, segments)
+    }
+    for rollout in rollouts:
+        ids = rollout.token_ids.tolist()
+        for start, end in rollout.turn_spans:
+            assert (tuple(ids[:start]), tuple(ids[start:end])) in produced
+        prompt_text = runner.tokenizer.decode(ids[: rollout.prompt_length])
+        assert prompt_text.startswith("<|im_start|>") and world.train[0].question in prompt_text
