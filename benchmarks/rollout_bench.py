@@ -31,8 +31,7 @@ from rllib_search.algos.env_runner import LLMEnvRunner
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf import HFEngine
-from rllib_search.llm.models import load_causal_lm
-from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 from rllib_search.serve.bm25 import BM25Retriever
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -40,28 +39,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 def searching_tiny_model(out: Path, questions: list[str]) -> Path:
     """A tiny Llama trained for a few steps to open answers with a search turn (so stop strings fire)."""
-    model, tokenizer = load_causal_lm(
-        str(build_tiny_causal_lm(out / "base", build_tiny_tokenizer(out / "tok")))
-    )
-    target = tokenizer.encode("<think> look </think>\n<search> lead singer </search> and then more words")
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for step in range(120):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": questions[step % len(questions)]}],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([prompt + target])
-        labels = ids.clone()
-        labels[0, : len(prompt)] = -100
-        optimizer.zero_grad()
-        model(ids, labels=labels).loss.backward()
-        optimizer.step()
-    model.save_pretrained(out / "trained")
-    tokenizer.save_pretrained(out / "trained")
-    return out / "trained"
+    base = build_tiny_causal_lm(out / "base", build_tiny_tokenizer(out / "tok"))
+    text = "<think> look </think>\n<search> lead singer </search> and then more words"
+    return teach_to_emit(base, out / "trained", questions, text)
 
 
 def tokens_after_stop(runner: LLMEnvRunner, rollouts) -> int:

@@ -19,6 +19,18 @@ from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 from tests.helpers import PASSAGES, RECORDS, free_port
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine they lose a lot
+    (measured: 0.4 s against 18 s for the same engine test while another process held a core)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     """A byte-level BPE tokenizer trained here, saved to a temp dir and loaded back by path."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from rllib_search import ENV_ID
 from rllib_search.algos.config import SearchConfig
@@ -13,8 +12,7 @@ from rllib_search.algos.env_runner import LLMEnvRunner
 from rllib_search.data.records import QARecord
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf import HFEngine
-from rllib_search.llm.models import load_causal_lm
-from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 
 pytestmark = pytest.mark.slow
 
@@ -42,27 +40,9 @@ def tiny_model_dir(tmp_path_factory):
 def searching_model_dir(tmp_path_factory, tiny_model_dir, world):
     """A tiny model trained for a few steps to open every answer with a search, then keep talking: its
     segments end at the stop string only if the engine stops them there."""
-    model, tokenizer = load_causal_lm(str(tiny_model_dir))
-    target = tokenizer.encode("<think> look </think>\n<search> lead singer </search> and more text")
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    prompts = []
-    for record in world.train[:4]:
-        messages = [{"role": "user", "content": record.question}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    model.train()
-    for step in range(120):
-        prompt = list(prompts[step % len(prompts)])
-        ids = torch.tensor([prompt + target])
-        labels = ids.clone()
-        labels[0, : len(prompt)] = -100
-        optimizer.zero_grad()
-        model(ids, labels=labels).loss.backward()
-        optimizer.step()
-    out = tmp_path_factory.mktemp("searching_model")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    questions = [record.question for record in world.train[:4]]
+    text = "<think> look </think>\n<search> lead singer </search> and more text"
+    return teach_to_emit(tiny_model_dir, tmp_path_factory.mktemp("searching_model"), questions, text)
 
 
 def make_config(model_dir, dataset, retriever, **rollouts) -> SearchConfig:

@@ -18,16 +18,6 @@ STOPS = ("</search>", "</answer>")
 TARGET = "<search> query </search> tail"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine they lose a lot
-    (measured: 0.4 s against 18 s for the same test while another process held a core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_lm"))

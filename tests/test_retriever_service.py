@@ -190,3 +190,53 @@ def test_serve_config_yaml_builds_the_app(index_dir):
         deployment._deployment_config.autoscaling_config.max_replicas
         == args["autoscaling_config"]["max_replicas"]
     )
+
+
+def test_serve_retriever_command(index_dir, tmp_path):
+    """`rllib-search serve retriever` on its own local Ray, answering Search-R1 requests on 127.0.0.1."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "rllib_search.cli",
+        "serve",
+        "retriever",
+        "--index",
+        str(index_dir),
+        "--port",
+        str(port),
+        "--address",
+        "local",
+        "--num-cpus",
+        "0.5",
+        "--duration-s",
+        "90",
+    ]
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+    response = None
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                response = requests.post(
+                    f"http://127.0.0.1:{port}/retrieve",
+                    json={"queries": ["lead singer"], "topk": 2},
+                    timeout=10,
+                )
+                if response.status_code == 200:
+                    break
+            except requests.RequestException:
+                response = None
+            time.sleep(1.0)
+        assert response is not None and response.status_code == 200, (tmp_path / "serve.log").read_text()[
+            -3000:
+        ]
+        assert len(response.json()["result"][0]) == 2
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()

@@ -98,3 +98,43 @@ def build_tiny_causal_lm(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def teach_to_emit(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    questions: list[str],
+    text: str,
+    steps: int = 120,
+    lr: float = 3e-3,
+) -> Path:
+    """Train the model in ``model_dir`` for a few steps to answer each chat-templated question with ``text``
+    (loss on ``text`` only), and save it to ``out_dir``. With the default tiny model, greedy and sampled
+    generations then follow ``text``: a quick way to get a policy that emits a protocol's tags, so stop
+    strings and searches actually happen in tests and benchmarks. Returns ``out_dir``."""
+    import torch
+
+    from rllib_search.llm.models import load_causal_lm
+
+    model, tokenizer = load_causal_lm(str(model_dir))
+    target = tokenizer.encode(text)
+    prompts = []
+    for question in questions:
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        prompts.append(tokenizer(chat, add_special_tokens=False)["input_ids"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        prompt = prompts[step % len(prompts)]
+        ids = torch.tensor([prompt + target])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100
+        optimizer.zero_grad()
+        model(ids, labels=labels).loss.backward()
+        optimizer.step()
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -29,6 +29,11 @@ def add_serve_commands(subparsers: Any) -> None:
     retriever.add_argument("--max-batch-queries", type=int, default=1024)
     retriever.add_argument("--batch-wait-ms", type=float, default=20.0)
     retriever.add_argument(
+        "--address",
+        default=None,
+        help="Ray address; 'local' starts a new local Ray (default: a running cluster if any, else local)",
+    )
+    retriever.add_argument(
         "--duration-s", type=float, help="stop after this many seconds (default: run forever)"
     )
     retriever.set_defaults(func=cmd_serve_retriever)
@@ -56,7 +61,13 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
 
     from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 
-    ray.init(address="auto" if _cluster_running() else None, ignore_reinit_error=True)
+    if args.address == "local":
+        address = None
+    elif args.address is not None:
+        address = args.address
+    else:
+        address = "auto" if _cluster_running() else None
+    ray.init(address=address, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_retriever_app(retriever_app_args(args)), name=APP_NAME, route_prefix="/")
     print(f"[serve] retriever ready: POST http://{args.host}:{args.port}/retrieve", flush=True)
