@@ -1,0 +1,86 @@
+"""The masked loss terms of PPO, GRPO and REINFORCE++ as pure torch functions over (B, T) tensors.
+
+``mask`` is 1 on tokens the policy generated and 0 on prompt, observation and padding tokens; it applies
+to EVERY term (policy, KL, entropy, value), so retrieved text never produces a gradient. Aggregation:
+``"sequence"`` averages each sequence over its generated tokens and then the sequences (Search-R1 eq. 1);
+``"token"`` averages all generated tokens of the batch alike.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Aggregation = Literal["sequence", "token"]
+
+
+def masked_mean(
+    values: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation = "sequence"
+) -> torch.Tensor:
+    """Mean of ``values`` over masked entries, per ``aggregation``; 0 when nothing is masked."""
+    mask = mask.to(values.dtype)
+    if aggregation == "token":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    if aggregation != "sequence":
+        raise ValueError(f"aggregation must be 'sequence' or 'token', got {aggregation!r}")
+    per_sequence = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    has_tokens = (mask.sum(-1) > 0).to(values.dtype)
+    return (per_sequence * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled tokens' log-probs.
+
+    ``k1``: log p - log q (unbiased, high variance); ``k3``: exp(log q - log p) - (log q - log p) - 1
+    (unbiased, always >= 0, low variance; GRPO's choice).
+    """
+    log_ratio = ref_logprobs - logprobs
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k3":
+        return torch.exp(log_ratio) - log_ratio - 1.0
+    raise ValueError(f"kind must be 'k1' or 'k3', got {kind!r}")
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    aggregation: Aggregation = "sequence",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate, negated for minimisation, with its clip fraction and approximate KL.
+
+    Masked positions are filled before the exponent so that garbage there (padding log-probs) can never
+    turn into inf or NaN and leak through ``0 * inf``.
+    """
+    valid = mask.bool()
+    log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    advantages = torch.where(valid, advantages, torch.zeros_like(advantages))
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
+    loss = masked_mean(-torch.minimum(unclipped, clipped), mask, aggregation)
+    with torch.no_grad():
+        stats = {
+            # Where the clipped term is the one in effect (its gradient is zero there).
+            "clip_fraction": masked_mean((clipped < unclipped).float(), mask, "token"),
+            "approx_kl": masked_mean(0.5 * log_ratio**2, mask, "token"),
+        }
+    return loss, stats
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    aggregation: Aggregation = "sequence",
+) -> torch.Tensor:
+    """PPO's clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- clip) - R)^2), masked."""
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    losses = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(losses, mask, aggregation)
