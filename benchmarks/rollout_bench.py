@@ -3,8 +3,8 @@
 For each model (a tiny Llama trained for a few steps to search, and the bundled SmolLM2-135M-Instruct):
 
 - rollout: ``LLMEnvRunner.sample()`` on the synthetic world with an in-process BM25 retriever (search_r1
-  protocol, stop strings, up to 3 turns): generated tokens / wall time of the whole sample (engine, env
-  parsing, retrieval, observation tokenisation, re-feeding the prefixes every turn);
+  protocol, stop strings, up to 3 turns) and its default engine (``PrefixCachingHFEngine``): generated
+  tokens / wall time of the whole sample (engine, env parsing, retrieval, observation tokenisation);
 - raw: ``HFEngine.generate`` in ONE call for the same prompts, each row asked for the number of tokens its
   episode generated in total (no stop strings): generated tokens / wall time.
 

@@ -11,14 +11,14 @@ from rllib_search.algos.config import SearchConfig
 from rllib_search.algos.env_runner import LLMEnvRunner
 from rllib_search.data.records import QARecord
 from rllib_search.llm.engines import SamplingParams
-from rllib_search.llm.engines.hf import HFEngine
+from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 
 pytestmark = pytest.mark.slow
 
 
-class RecordingEngine(HFEngine):
-    """The real HF engine, keeping what each generate call returned (the sampler's own output)."""
+class RecordingEngine(PrefixCachingHFEngine):
+    """The runner's own engine class, keeping what each generate call returned (the sampler's output)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -90,8 +90,11 @@ class LLMEnvRunner(EnvRunner):
 
             return VLLMEngine(options.pop("model", self.module.llm_config["model"]), **options)
         from rllib_search.llm.engines.hf import HFEngine
+        from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 
-        return HFEngine(self.module.model, self.tokenizer, **options)  # shares the module's weights
+        # Both share the module's weights. Keeping KV caches across turns is the default for rollouts.
+        engine_cls = PrefixCachingHFEngine if options.pop("prefix_cache", True) else HFEngine
+        return engine_cls(self.module.model, self.tokenizer, **options)
 
     @staticmethod
     def _load_dataset(dataset: Any) -> list[QARecord]:
@@ -221,7 +224,9 @@ class LLMEnvRunner(EnvRunner):
             weights = weights[DEFAULT_MODULE_ID]
         if weights is not None:
             self.module.set_state(weights)
-            if self.config.engine != "hf":  # the HF engine shares the module's tensors
+            if self.config.engine == "hf":  # the HF engine shares the module's tensors: only drop its caches
+                self.engine.reset_cache()
+            else:
                 self.engine.load_weights(self.module.model.state_dict())
             self.weights_version = int(state.get("weights_version", self.weights_version + 1))
         if "data_position" in state:

@@ -3,11 +3,13 @@
 
 from rllib_search.llm.engines.base import Engine, SamplingParams, Segment, finish_segment, truncate_at_stop
 from rllib_search.llm.engines.hf import HFEngine
+from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.engines.vllm import VLLMEngine
 
 __all__ = [
     "Engine",
     "HFEngine",
+    "PrefixCachingHFEngine",
     "SamplingParams",
     "Segment",
     "VLLMEngine",

@@ -87,6 +87,9 @@ class Engine(abc.ABC):
     def sleep(self) -> None:  # noqa: B027 (an optional hook: a no-op by default)
         """Release accelerator memory while the learner trains (no-op unless the engine supports it)."""
 
+    def reset_cache(self) -> None:  # noqa: B027 (an optional hook: a no-op by default)
+        """Forget any cached keys and values (the weights changed outside ``load_weights``)."""
+
     def wake_up(self) -> None:  # noqa: B027
         """Take back what :meth:`sleep` released (no-op unless the engine supports it)."""
 

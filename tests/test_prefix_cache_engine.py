@@ -1,0 +1,94 @@
+"""PrefixCachingHFEngine: the same segments and log-probs as HFEngine, turn after turn, while feeding only
+the tokens its kept caches do not cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rllib_search.llm.engines import SamplingParams
+from rllib_search.llm.engines.hf import HFEngine
+from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
+from rllib_search.llm.models import load_causal_lm
+from rllib_search.llm.tiny import build_tiny_causal_lm, teach_to_emit
+
+STOPS = ("</search>", "</answer>")
+QUESTIONS = [
+    "Who founded Quellon Works?",
+    "Where was Tarquin Oskaley born?",
+    "What is the capital of Dravenia?",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """Both engines over one tiny model taught to search (so stop strings fire), sharing its weights."""
+    root = tmp_path_factory.mktemp("prefix_cache")
+    path = teach_to_emit(
+        build_tiny_causal_lm(root / "base"),
+        root / "taught",
+        QUESTIONS,
+        "<think> look </think>\n<search> lead singer </search> and more",
+    )
+    model, tokenizer = load_causal_lm(str(path))
+    return HFEngine(model, tokenizer), PrefixCachingHFEngine(model, tokenizer), tokenizer
+
+
+def chat(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_same_segments_as_hf_engine_over_three_turns(engines, temperature):
+    plain, cached, tokenizer = engines
+    cached.reset_cache()
+    prefixes = [chat(tokenizer, q) for q in QUESTIONS]
+    params = SamplingParams(temperature=temperature, max_new_tokens=48, stop=STOPS, seed=3)
+    observations = [
+        "\n\n<information>Doc 1(Title: A) short</information>\n\n",
+        "\nMy action is not correct.\n",
+        "\n\n<information>Doc 1(Title: B) a much longer passage about many things</information>\n\n",
+    ]
+    stopped = 0
+    for turn in range(3):
+        limits = [48, 7, 13] if turn == 1 else None
+        if temperature == 0.0:
+            expected = plain.generate(prefixes, params, limits)
+        got = cached.generate(prefixes, params, limits)
+        for row, segment in enumerate(got):
+            assert len(segment.token_ids) == len(segment.logprobs) > 0
+            if temperature == 0.0:  # greedy: exactly HFEngine's output
+                assert segment.token_ids == expected[row].token_ids
+                assert segment.finish_reason == expected[row].finish_reason
+                torch.testing.assert_close(
+                    torch.tensor(segment.logprobs), torch.tensor(expected[row].logprobs), atol=1e-4, rtol=1e-4
+                )
+            stopped += segment.finish_reason == "stop"
+        prefixes = [
+            p + s.token_ids + tokenizer.encode(observations[(row + turn) % 3])
+            for row, (p, s) in enumerate(zip(prefixes, got))
+        ]
+        if turn > 0:
+            assert cached.cached_tokens > 0
+    assert stopped > 0
+
+
+def test_only_uncached_tokens_are_fed_and_new_weights_drop_the_caches(engines):
+    _, cached, tokenizer = engines
+    cached.reset_cache()
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prefix = chat(tokenizer, QUESTIONS[0])
+    first = cached.generate([prefix], params)[0]
+    fed_before, cached_before = cached.fed_tokens, cached.cached_tokens
+    observation = tokenizer.encode(" and then some observation")
+    cached.generate([prefix + first.token_ids + observation], params)
+    # Reused: the prefix and all generated tokens but the last; fed: the last token and the observation.
+    assert cached.cached_tokens - cached_before == len(prefix) + len(first.token_ids) - 1
+    assert cached.fed_tokens - fed_before <= 1 + len(observation) + params.max_new_tokens
+    cached.load_weights({})  # nothing changed, but any weight load drops the caches
+    cached_before = cached.cached_tokens
+    cached.generate([prefix + first.token_ids + observation], params)
+    assert cached.cached_tokens == cached_before
