@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -147,7 +148,7 @@ class LLMEnvRunner(EnvRunner):
             limits = [min(self.sampling.max_new_tokens, envs[i].remaining_tokens) for i in active]
             params = self.sampling
             if self.config.seed is not None:
-                params = SamplingParams(**{**params.__dict__, "seed": self._turn_seed(turn)})
+                params = replace(params, seed=self._turn_seed(turn))
             t0 = time.perf_counter()
             segments = self.engine.generate(prefixes, params, limits)
             generate_seconds += time.perf_counter() - t0
