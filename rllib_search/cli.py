@@ -75,9 +75,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             examples[f"{protocol}/{policy}"] = shown
             print(_format_row(summary))
 
+    llm_summary = None
+    if args.llm_prompts > 0:
+        llm_summary, text = _llm_rollout(args, retriever, records)
+        examples[f"search_r1/llm:{args.llm_model}"] = [text]
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps([s.row() for s in summaries], indent=2))
+    rows = [s.row() for s in summaries] + ([llm_summary] if llm_summary else [])
+    (out / "summary.json").write_text(json.dumps(rows, indent=2))
     with (out / "examples.txt").open("w") as handle:
         for key, texts in examples.items():
             for text in texts:
@@ -85,6 +91,58 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     _plot(summaries, out / "rewards.png")
     print(f"[rollout] wrote {out / 'summary.json'}, {out / 'rewards.png'} and {out / 'examples.txt'}")
     return 0
+
+
+def _llm_rollout(args: argparse.Namespace, retriever, records) -> tuple[dict, str]:
+    """The same env and retriever driven by a real policy: LLMEnvRunner with the model ``--llm-model``
+    (zero-shot: the bundled SmolLM2 does not follow a search protocol before training)."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    from rllib_search import ENV_ID
+    from rllib_search.algos.config import SearchConfig
+    from rllib_search.algos.env_runner import LLMEnvRunner
+
+    env_config = {
+        "retriever": retriever,
+        "dataset": records,
+        "protocol": "search_r1",
+        "max_turns": args.max_turns,
+        "topk": args.topk,
+        "max_total_tokens": 2048,
+        "max_obs_tokens": 300,
+    }
+    config = (
+        SearchConfig()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config={"model": args.llm_model})
+        .rollouts(
+            group_size=2,
+            prompts_per_sample=args.llm_prompts,
+            max_turn_tokens=args.llm_turn_tokens,
+            temperature=1.0,
+        )
+        .debugging(seed=args.seed)
+    )
+    print(f"[rollout] LLM rollout: {args.llm_model}, {args.llm_prompts} prompts x 2 samples (LLMEnvRunner)")
+    runner = LLMEnvRunner(config=config)
+    rollouts = runner.sample()
+    metrics = MetricsLogger.peek_results(runner.get_metrics())
+    summary = {
+        "protocol": "search_r1",
+        "policy": f"llm:{args.llm_model}",
+        "episodes": len(rollouts),
+        "reward": metrics["episode_return_mean"],
+        "searches": metrics["searches_per_episode"],
+        "valid_action_rate": metrics["valid_action_rate"],
+        "answer_rate": metrics["answer_rate"],
+        "generated_tokens": metrics["generated_tokens_per_episode"],
+        "generation_tokens_per_s": metrics["generation_tokens_per_s"],
+    }
+    print(
+        "[rollout] "
+        + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
+    )
+    return summary, runner.tokenizer.decode(rollouts[0].token_ids[rollouts[0].prompt_length :])
 
 
 _COLUMNS = ("reward", "exact_match", "f1", "searches", "invalid_actions", "format_valid", "retrieval_hit")
@@ -151,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--lambda-format", type=float, default=0.0, help="search_r1 reward's λ_f")
     rollout.add_argument("--lambda-retrieval", type=float, default=0.0, help="search_r1 reward's λ_r")
     rollout.add_argument("--out", default="runs/rollout", help="where summary.json and rewards.png go")
+    rollout.add_argument("--llm-model", default="smollm2-135m-instruct", help="policy of the LLM rollout")
+    rollout.add_argument("--llm-prompts", type=int, default=4, help="prompts of the LLM rollout (0: skip it)")
+    rollout.add_argument("--llm-turn-tokens", type=int, default=64, help="tokens per turn in the LLM rollout")
     rollout.set_defaults(func=cmd_rollout)
 
     from rllib_search.serve.index_cli import add_index_commands

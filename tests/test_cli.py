@@ -7,9 +7,10 @@ import json
 from rllib_search.cli import main
 
 
-def test_rollout_command(tmp_path, tiny_tokenizer):
-    tokenizer_dir = tmp_path / "tokenizer"
-    tiny_tokenizer.save_pretrained(tokenizer_dir)
+def test_rollout_command(tmp_path):
+    from rllib_search.llm.tiny import build_tiny_causal_lm
+
+    tokenizer_dir = build_tiny_causal_lm(tmp_path / "tiny_lm")  # the model's folder holds its tokenizer
     out = tmp_path / "out"
     argv = [
         "rollout",
@@ -27,10 +28,18 @@ def test_rollout_command(tmp_path, tiny_tokenizer):
         str(out),
         "--lambda-format",
         "0.2",
+        "--llm-model",
+        str(tokenizer_dir),
+        "--llm-prompts",
+        "2",
+        "--llm-turn-tokens",
+        "8",
     ]
     assert main(argv) == 0
     rows = {(r["protocol"], r["policy"]): r for r in json.loads((out / "summary.json").read_text())}
-    assert len(rows) == 9
+    assert len(rows) == 10
+    llm = rows[("search_r1", f"llm:{tokenizer_dir}")]
+    assert llm["episodes"] == 4 and 0.0 <= llm["valid_action_rate"] <= 1.0 and llm["generated_tokens"] > 0
     for protocol in ("search_r1", "r1_searcher", "r_search"):
         teacher, noisy, guess = (rows[(protocol, p)] for p in ("teacher", "noisy_teacher", "no_search"))
         # The teacher follows each question's hop chain through the real BM25 index and always answers right.
