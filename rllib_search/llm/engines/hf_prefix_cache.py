@@ -13,7 +13,8 @@ already stopped until the last row stops. This engine runs its own decode loop i
   positions contiguous, so a row's logits are those of its unpadded sequence;
 - a row leaves the batch (its cache is kept) as soon as it reaches its limit, EOS or a stop string.
 
-Only the caches made by the latest call are kept: in a lock-step rollout every next prefix extends one of
+All rows of a call share one decode batch (``max_batch_size`` is not used here). Only the caches made by the
+latest call are kept: in a lock-step rollout every next prefix extends one of
 them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed with the old weights.
 Sampling, log-probs, stop strings and EOS follow :class:`~rllib_search.llm.engines.base.Segment` exactly as
 ``HFEngine`` does (same sampler and ``finish_segment``).
