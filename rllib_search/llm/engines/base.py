@@ -94,8 +94,14 @@ class Engine(abc.ABC):
         """Take back what :meth:`sleep` released (no-op unless the engine supports it)."""
 
 
-def row_limits(n: int, params: SamplingParams, max_new_tokens: Sequence[int] | None) -> list[int]:
-    """Each row's token limit: ``max_new_tokens`` when given, else ``params.max_new_tokens``."""
+def row_limits(
+    prefixes: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: Sequence[int] | None
+) -> list[int]:
+    """Each row's token limit: ``max_new_tokens`` when given, else ``params.max_new_tokens``. Every engine
+    calls this first; it also rejects an empty prefix (there is nothing to continue)."""
+    if any(len(prefix) == 0 for prefix in prefixes):
+        raise ValueError("every prefix needs at least one token")
+    n = len(prefixes)
     if max_new_tokens is None:
         return [params.max_new_tokens] * n
     if len(max_new_tokens) != n:

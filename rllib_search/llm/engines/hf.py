@@ -68,9 +68,7 @@ class HFEngine(Engine):
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[Segment]:
         """Continue each prefix by one segment (see :class:`Engine`); reproducible with ``params.seed``."""
-        if any(len(prefix) == 0 for prefix in prefixes):
-            raise ValueError("every prefix needs at least one token")
-        limits = row_limits(len(prefixes), params, max_new_tokens)
+        limits = row_limits(prefixes, params, max_new_tokens)
         segments = [Segment([], [], "length") for _ in prefixes]
         rows = sorted((i for i, limit in enumerate(limits) if limit > 0), key=lambda i: len(prefixes[i]))
         size = self.max_batch_size or max(len(rows), 1)

@@ -65,9 +65,7 @@ class PrefixCachingHFEngine(HFEngine):
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[Segment]:
         """Continue each prefix by one segment, feeding only the tokens no kept cache covers."""
-        if any(len(prefix) == 0 for prefix in prefixes):
-            raise ValueError("every prefix needs at least one token")
-        limits = row_limits(len(prefixes), params, max_new_tokens)
+        limits = row_limits(prefixes, params, max_new_tokens)
         rows = [
             _Row(i, list(p), limit, [], []) for i, (p, limit) in enumerate(zip(prefixes, limits)) if limit > 0
         ]

@@ -69,7 +69,7 @@ class VLLMEngine(Engine):
         """Continue each prefix by one segment (see :class:`Engine`)."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        limits = row_limits(len(prefixes), params, max_new_tokens)
+        limits = row_limits(prefixes, params, max_new_tokens)
         segments = [Segment([], [], "length") for _ in prefixes]
         rows = [i for i, limit in enumerate(limits) if limit > 0]
         if not rows:
