@@ -74,12 +74,20 @@ def index_dir(tmp_path_factory, world) -> Path:
 
 
 @pytest.fixture(scope="session")
-def service(index_dir):
-    """Ray + Serve on loopback with two retriever replicas; yields the /retrieve URL."""
+def ray_cluster():
+    """One local Ray for the session (4 logical CPUs: two retriever replicas and two learners fit)."""
     import ray
-    from ray import serve
 
     ray.init(num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def service(ray_cluster, index_dir):
+    """Serve on loopback with two retriever replicas; yields the /retrieve URL."""
+    from ray import serve
+
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_retriever_app(
@@ -96,4 +104,3 @@ def service(index_dir):
     serve.run(app, name=APP_NAME, route_prefix="/")
     yield f"http://127.0.0.1:{port}/retrieve"
     serve.shutdown()
-    ray.shutdown()

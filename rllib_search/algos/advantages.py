@@ -88,6 +88,31 @@ def gae(
     return advantages, returns
 
 
+def returns_to_go(token_rewards: np.ndarray, mask: np.ndarray, gamma: float = 1.0) -> np.ndarray:
+    """(B, T) discounted sums of the remaining rewards over each row's generated tokens (0 elsewhere);
+    tokens the env inserted are skipped, as in :func:`gae`."""
+    mask = np.asarray(mask, dtype=bool)
+    rewards = np.where(mask, np.asarray(token_rewards, dtype=np.float64), 0.0)
+    returns = np.zeros_like(rewards)
+    for row in range(rewards.shape[0]):
+        running = 0.0
+        for position in np.flatnonzero(mask[row])[::-1]:
+            running = rewards[row, position] + gamma * running
+            returns[row, position] = running
+    return returns
+
+
+def place_on_last_token(per_episode: Sequence[float], mask: np.ndarray) -> np.ndarray:
+    """(B, T) zeros with each episode's value on its last generated token (outcome rewards)."""
+    mask = np.asarray(mask, dtype=bool)
+    placed = np.zeros(mask.shape, dtype=np.float64)
+    for row, value in enumerate(per_episode):
+        positions = np.flatnonzero(mask[row])
+        if positions.size:
+            placed[row, positions[-1]] = value
+    return placed
+
+
 def reinforce_pp_advantages(
     outcome_rewards: Sequence[float],
     group_ids: Sequence[str],
@@ -99,18 +124,7 @@ def reinforce_pp_advantages(
     mean is placed on its last generated token, ``token_rewards`` (e.g. -beta * KL per token) are added,
     returns-to-go are summed over generated tokens with ``gamma``, and the result is whitened over the
     batch's generated tokens."""
-    mask = np.asarray(mask, dtype=bool)
-    rewards = np.where(mask, np.asarray(token_rewards, dtype=np.float64), 0.0)
     outcome = np.asarray(outcome_rewards, dtype=np.float64)
     baseline, _ = group_statistics(outcome, group_ids)
-    returns = np.zeros_like(rewards)
-    for row in range(rewards.shape[0]):
-        positions = np.flatnonzero(mask[row])
-        if positions.size == 0:
-            continue
-        rewards[row, positions[-1]] += outcome[row] - baseline[row]
-        running = 0.0
-        for position in positions[::-1]:
-            running = rewards[row, position] + gamma * running
-            returns[row, position] = running
-    return masked_whiten(returns, mask)
+    rewards = np.asarray(token_rewards, dtype=np.float64) + place_on_last_token(outcome - baseline, mask)
+    return masked_whiten(returns_to_go(rewards, mask, gamma), mask)

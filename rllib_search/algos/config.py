@@ -18,6 +18,8 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from rllib_search.env.search_env import ENV_ID
 
 ENGINES = ("hf", "vllm")
+ADVANTAGE_ESTIMATORS = ("grpo", "gae", "reinforce_pp", "sft")
+KL_ESTIMATORS = ("k1", "k3")
 
 
 class SearchConfig(AlgorithmConfig):
@@ -38,6 +40,30 @@ class SearchConfig(AlgorithmConfig):
         self.temperature = 1.0
         self.top_p = 1.0
         self.max_turn_tokens = 500
+        # Training (Search-R1's defaults; the subclasses in algos/configs.py set each algorithm's own).
+        self.advantage_estimator = "grpo"
+        self.lr = 1e-6
+        self.critic_lr = 1e-5
+        self.weight_decay = 0.01
+        self.warmup_ratio = 0.0
+        self.total_training_steps: int | None = None
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.gamma = 1.0
+        self.lambda_ = 1.0
+        self.clip_param = 0.2
+        self.vf_clip_param = 0.5
+        self.vf_loss_coeff = 0.5
+        self.entropy_coeff = 0.0
+        self.kl_coeff = 0.001
+        self.kl_estimator = "k3"
+        self.kl_in_reward = False
+        self.scale_by_std = True
+        self.whiten_advantages = True
+        self.loss_aggregation = "sequence"
+        self.mask_retrieved_tokens = True
+        self.old_logprobs = "sampler"
+        self.micro_batch_size = 4
 
     def rollouts(
         self,
@@ -58,6 +84,55 @@ class SearchConfig(AlgorithmConfig):
                 setattr(self, name, value)
         return self
 
+    def training(
+        self,
+        *,
+        advantage_estimator: str | Any = NotProvided,
+        critic_lr: float | Any = NotProvided,
+        weight_decay: float | Any = NotProvided,
+        warmup_ratio: float | Any = NotProvided,
+        total_training_steps: int | Any | None = NotProvided,
+        lambda_: float | Any = NotProvided,
+        clip_param: float | Any = NotProvided,
+        vf_clip_param: float | Any = NotProvided,
+        vf_loss_coeff: float | Any = NotProvided,
+        entropy_coeff: float | Any = NotProvided,
+        kl_coeff: float | Any = NotProvided,
+        kl_estimator: str | Any = NotProvided,
+        kl_in_reward: bool | Any = NotProvided,
+        scale_by_std: bool | Any = NotProvided,
+        whiten_advantages: bool | Any = NotProvided,
+        loss_aggregation: str | Any = NotProvided,
+        mask_retrieved_tokens: bool | Any = NotProvided,
+        old_logprobs: str | Any = NotProvided,
+        micro_batch_size: int | Any = NotProvided,
+        **kwargs: Any,
+    ) -> SearchConfig:
+        """RLlib's training settings (``lr``, ``grad_clip``, ``gamma``, ``num_epochs``, ``minibatch_size``
+        in episodes, ...) plus:
+
+        - ``advantage_estimator``: ``grpo`` | ``gae`` (PPO) | ``reinforce_pp`` | ``sft``;
+        - ``critic_lr``, ``weight_decay`` (AdamW), ``warmup_ratio`` of ``total_training_steps`` optimizer
+          steps of linear warmup;
+        - ``lambda_`` (GAE), ``clip_param``, ``vf_clip_param``, ``vf_loss_coeff``, ``entropy_coeff``;
+        - ``kl_coeff``, ``kl_estimator`` (``k1`` | ``k3``), ``kl_in_reward`` (PPO, REINFORCE++) or in the
+          loss (GRPO);
+        - ``scale_by_std`` (GRPO), ``whiten_advantages`` (GAE), ``loss_aggregation`` (``sequence`` |
+          ``token``), ``mask_retrieved_tokens`` (False only for Search-R1's ablation), ``old_logprobs``
+          (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the learner, as verl);
+        - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch.
+        """
+        for name, value in list(locals().items()):
+            if name not in ("self", "kwargs", "__class__") and value is not NotProvided:
+                setattr(self, name, value)
+        super().training(**kwargs)
+        return self
+
+    def get_default_learner_class(self) -> type:
+        from rllib_search.algos.learner import SearchLearner
+
+        return SearchLearner
+
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         from rllib_search.algos.rl_module import LLMRLModule
 
@@ -66,6 +141,34 @@ class SearchConfig(AlgorithmConfig):
     def validate(self) -> None:
         super().validate()
         self.validate_rollouts()
+        self.validate_training()
+
+    def validate_training(self) -> None:
+        """Check the training settings."""
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}")
+        if self.loss_aggregation not in ("sequence", "token"):
+            raise ValueError("loss_aggregation must be 'sequence' or 'token'")
+        if self.old_logprobs not in ("sampler", "recompute"):
+            raise ValueError("old_logprobs must be 'sampler' or 'recompute'")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_ratio > 0 and not self.total_training_steps:
+            raise ValueError("warmup_ratio needs total_training_steps (optimizer steps in the run)")
+        for name in ("lr", "critic_lr", "clip_param", "vf_clip_param"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("kl_coeff", "entropy_coeff", "vf_loss_coeff", "weight_decay"):
+            if float(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lambda_ <= 1):
+            raise ValueError("gamma and lambda_ must be in [0, 1]")
+        if int(self.micro_batch_size) < 1:
+            raise ValueError(f"micro_batch_size must be at least 1, got {self.micro_batch_size}")
+        if self.advantage_estimator == "gae" and not self.model_config.get("value_head"):
+            raise ValueError("PPO (advantage_estimator='gae') needs model_config['value_head'] = True")
 
     def validate_rollouts(self) -> None:
         """Check the rollout settings (also called by the EnvRunner, which may be built without an

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from rllib_search.algos.rollout import Rollout
 from rllib_search.data.records import QARecord
@@ -35,7 +37,7 @@ from rllib_search.registration import build_retriever
 logger = logging.getLogger(__name__)
 
 
-class LLMEnvRunner(EnvRunner):
+class LLMEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of multi-turn search episodes with an LLM engine (see the module docstring)."""
 
     def __init__(self, *, config: Any, **kwargs: Any) -> None:
@@ -128,26 +130,43 @@ class LLMEnvRunner(EnvRunner):
         started = time.perf_counter()
         records = self._next_records(int(num_prompts or self.config.prompts_per_sample))
         group_size = int(self.config.group_size)
-        while len(self.envs) < len(records) * group_size:
-            self.envs.append(self.new_env())
-        envs = self.envs[: len(records) * group_size]
-        groups: list[str] = []
+        episodes: list[tuple[QARecord, str]] = []
         for i, record in enumerate(records):
             group_id = f"{record.uid}@{self.worker_index}.{self._draws + i}"
-            for j in range(group_size):
-                envs[i * group_size + j].reset(options={"record": record})
-                groups.append(group_id)
+            episodes.extend((record, group_id) for _ in range(group_size))
         self._draws += len(records)
+        rollouts, generated, generate_seconds = self._roll_out(episodes, self.sampling, seeded=True)
+        self._sample_calls += 1
+        self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started)
+        return rollouts
 
+    def rollout_records(self, records: Sequence[QARecord], temperature: float = 0.0) -> list[Rollout]:
+        """One episode per record at ``temperature`` (greedy by default), outside the training stream: no
+        metrics, no change to the data position. For held-out evaluation."""
+        params = replace(self.sampling, temperature=float(temperature), seed=None)
+        episodes = [(record, f"eval:{record.uid}") for record in records]
+        return self._roll_out(episodes, params, seeded=False)[0]
+
+    def _roll_out(
+        self, episodes: Sequence[tuple[QARecord, str]], sampling: SamplingParams, seeded: bool
+    ) -> tuple[list[Rollout], float, float]:
+        """Advance one env per (record, group id) turn by turn until all finish; returns the rollouts in
+        order, the number of generated tokens and the seconds spent generating."""
+        while len(self.envs) < len(episodes):
+            self.envs.append(self.new_env())
+        envs = self.envs[: len(episodes)]
+        groups = [group_id for _, group_id in episodes]
+        for env, (record, _) in zip(envs, episodes):
+            env.reset(options={"record": record})
         finished: dict[int, Rollout] = {}
         active = list(range(len(envs)))
         generated = generate_seconds = 0.0
         turn = 0
         while active:
             prefixes = [envs[i].trajectory.token_ids for i in active]
-            limits = [min(self.sampling.max_new_tokens, envs[i].remaining_tokens) for i in active]
-            params = self.sampling
-            if self.config.seed is not None:
+            limits = [min(sampling.max_new_tokens, envs[i].remaining_tokens) for i in active]
+            params = sampling
+            if seeded and self.config.seed is not None:
                 params = replace(params, seed=self._turn_seed(turn))
             t0 = time.perf_counter()
             segments = self.engine.generate(prefixes, params, limits)
@@ -162,10 +181,7 @@ class LLMEnvRunner(EnvRunner):
                     )
             active = [i for i in active if i not in finished]
             turn += 1
-        self._sample_calls += 1
-        rollouts = [finished[i] for i in range(len(envs))]
-        self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started)
-        return rollouts
+        return [finished[i] for i in range(len(envs))], generated, generate_seconds
 
     def _turn_seed(self, turn: int) -> int:
         return (
@@ -229,7 +245,8 @@ class LLMEnvRunner(EnvRunner):
                 self.engine.reset_cache()
             else:
                 self.engine.load_weights(self.module.model.state_dict())
-            self.weights_version = int(state.get("weights_version", self.weights_version + 1))
+            version = state.get("weights_version", state.get(WEIGHTS_SEQ_NO))
+            self.weights_version = int(version) if version is not None else self.weights_version + 1
         if "data_position" in state:
             position = state["data_position"]
             self._order = np.asarray(position["order"])
@@ -239,6 +256,7 @@ class LLMEnvRunner(EnvRunner):
                 position["draws"],
             )
             self._rng.bit_generator.state = position["rng"]
+            self._sample_calls = int(position.get("sample_calls", self._sample_calls))
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Weights version and data position (the weights themselves live in the learner's checkpoint)."""
@@ -249,9 +267,13 @@ class LLMEnvRunner(EnvRunner):
                 "position": self._position,
                 "epoch": self._epoch,
                 "draws": self._draws,
+                "sample_calls": self._sample_calls,
                 "rng": self._rng.bit_generator.state,
             },
         }
+
+    def get_ctor_args_and_kwargs(self) -> tuple[tuple, dict[str, Any]]:
+        return (), {"config": self.config}
 
     def get_spaces(self) -> dict[str, Any]:
         env = self.envs[0] if self.envs else self.new_env()

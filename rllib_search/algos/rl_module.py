@@ -81,9 +81,10 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         return self.llm_config["lora"] is not None
 
     # --- forward passes ---------------------------------------------------------------------------------
-    def hidden_states(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Last-layer hidden states (B, T, H) of ``batch["input_ids"]`` under ``batch["attention_mask"]``."""
-        decoder, _ = _decoder_and_head(self.model)
+    def hidden_states(self, batch: dict[str, Any], model: nn.Module | None = None) -> torch.Tensor:
+        """Last-layer hidden states (B, T, H) of ``batch["input_ids"]`` under ``batch["attention_mask"]``
+        (of ``model``, by default this module's)."""
+        decoder, _ = _decoder_and_head(model if model is not None else self.model)
         attention_mask = batch["attention_mask"]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = decoder(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=position_ids)
@@ -99,10 +100,10 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         return out
 
     def token_logprobs(
-        self, hidden: torch.Tensor, input_ids: torch.Tensor
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, model: nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability and entropy of each next token; ``logprob_chunk`` positions projected at a time."""
-        _, head = _decoder_and_head(self.model)
+        _, head = _decoder_and_head(model if model is not None else self.model)
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]
         chunk = int(self.llm_config["logprob_chunk"])
         pieces = []
@@ -116,6 +117,12 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
             empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
             return empty, empty
         return torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
+
+    def sequence_logprobs(self, batch: dict[str, Any], model: nn.Module | None = None) -> torch.Tensor:
+        """(B, T-1) log-probabilities of each next token under ``model`` (a frozen reference, say), which
+        must share this module's tokenizer; by default this module's own model."""
+        hidden = self.hidden_states(batch, model)
+        return self.token_logprobs(hidden, batch["input_ids"], model)[0]
 
     def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
         """One value per position (B, T) from the value head."""

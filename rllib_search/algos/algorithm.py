@@ -1,0 +1,141 @@
+"""SearchAlgorithm: the RLlib Algorithm whose ``training_step`` trains a search agent.
+
+One training step:
+
+1. **sample**: every EnvRunner (the local one when there are no remote ones) rolls out
+   ``prompts_per_sample`` questions x ``group_size`` episodes (:class:`LLMEnvRunner`);
+2. **rewards -> episode advantages**, over whole groups and before anything is sharded across learners
+   (RLlib's sharding would split groups): GRPO's (r - mean_g) / (std_g + eps); REINFORCE++'s r - mean_g;
+   PPO's raw outcome reward (its GAE needs the critic, so it runs in the learner);
+3. **learner_group.update** on the padded batch: reference log-probs, values, token advantages and the
+   masked loss happen in :class:`~rllib_search.algos.learner.SearchLearner`;
+4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along);
+5. **metrics** through RLlib's MetricsLogger (``env_runners/...``, ``learners/...``) so Tune and the Ray
+   dashboard see them.
+
+``evaluate_questions`` rolls a fixed question list out greedily for held-out tables, and ``export`` writes
+a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and vLLM load.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+from rllib_search.algos.advantages import group_statistics, grpo_advantages
+from rllib_search.algos.batching import pad_rollouts
+from rllib_search.algos.rollout import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+def episode_advantages(rollouts: list[Rollout], config: Any) -> np.ndarray:
+    """Per-episode advantage signal for the learner, computed over whole groups (see module docstring)."""
+    rewards = np.asarray([r.reward for r in rollouts], dtype=np.float64)
+    groups = [r.group_id for r in rollouts]
+    estimator = config.advantage_estimator
+    if estimator == "grpo":
+        return grpo_advantages(rewards, groups, scale_by_std=config.scale_by_std)
+    if estimator == "reinforce_pp":
+        return rewards - group_statistics(rewards, groups)[0]
+    if estimator in ("gae", "sft"):
+        return rewards
+    raise ValueError(f"unknown advantage_estimator {estimator!r}")
+
+
+def train_batch(rollouts: list[Rollout], config: Any, pad_token_id: int) -> MultiAgentBatch:
+    """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode)."""
+    columns = {k: v.numpy() for k, v in pad_rollouts(rollouts, pad_token_id).items()}
+    columns["episode_advantages"] = episode_advantages(rollouts, config).astype(np.float32)
+    env_steps = sum(r.stats.get("turns", 1) for r in rollouts)
+    return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=env_steps)
+
+
+class SearchAlgorithm(Algorithm):
+    """Sample -> group advantages -> masked learner update -> weight sync (see the module docstring)."""
+
+    def training_step(self) -> None:
+        rollouts = self.sample_rollouts()
+        batch = train_batch(rollouts, self.config, self._pad_token_id())
+        self.metrics.log_value(
+            (LEARNER_RESULTS, "batch_tokens"), int(sum(len(r) for r in rollouts)), reduce="sum"
+        )
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            started = time.perf_counter()
+            results = self.learner_group.update(
+                batch=batch,
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                    )
+                },
+                num_epochs=self.config.num_epochs,
+                minibatch_size=self.config.minibatch_size,
+                shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
+            )
+            seconds = time.perf_counter() - started
+        self.metrics.aggregate(results, key=LEARNER_RESULTS)
+        trained = sum(int(r.loss_mask.sum()) for r in rollouts) * self.config.num_epochs
+        self.metrics.log_value(
+            (LEARNER_RESULTS, "trained_tokens_per_s"), trained / max(seconds, 1e-9), window=1
+        )
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group, inference_only=True
+            )
+
+    def sample_rollouts(self) -> list[Rollout]:
+        """One ``sample()`` from every EnvRunner; their metrics go under ``env_runners``."""
+        group = self.env_runner_group
+        local = group.num_remote_env_runners() == 0
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            per_runner = group.foreach_env_runner(lambda runner: runner.sample(), local_env_runner=local)
+            metrics = group.foreach_env_runner(lambda runner: runner.get_metrics(), local_env_runner=local)
+        self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
+        steps = sum(r.stats.get("turns", 1) for rollouts in per_runner for r in rollouts)
+        self.metrics.log_value(
+            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), steps, reduce="lifetime_sum"
+        )
+        return [rollout for rollouts in per_runner for rollout in rollouts]
+
+    def _pad_token_id(self) -> int:
+        tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return int(pad) if pad is not None else 0
+
+    # --- evaluation and export --------------------------------------------------------------------
+    def evaluate_questions(self, records: list[Any], temperature: float = 0.0) -> list[Rollout]:
+        """One episode per record with the current weights (greedy by default), on the local EnvRunner."""
+        runner = self.env_runner
+        if runner is None:
+            raise RuntimeError("evaluate_questions needs a local EnvRunner (num_env_runners=0)")
+        return runner.rollout_records(records, temperature=temperature)
+
+    def export(self, path: str | Path) -> Path:
+        """Write the trained policy as a Hugging Face directory (model + tokenizer, LoRA merged)."""
+        from rllib_search.algos.export import export_module
+
+        target = str(Path(path).resolve())
+
+        def write(learner: Any) -> str:
+            return str(export_module(learner.module[DEFAULT_MODULE_ID].unwrapped(), target))
+
+        options = {} if self.learner_group.is_local else {"remote_actor_ids": [0]}
+        results = self.learner_group.foreach_learner(write, **options)
+        return Path(next(iter(results)).get())

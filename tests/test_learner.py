@@ -1,0 +1,280 @@
+"""SearchLearner and the Search algorithms: masks on every loss term, KL at init, the direction of one
+update, micro-batching, the NaN guard, SFT, 2 learners = 1, checkpoint/resume and export."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_search import ENV_ID
+from rllib_search.algos.algorithm import train_batch
+from rllib_search.algos.configs import (
+    SearchGRPOConfig,
+    SearchPPOConfig,
+    SearchReinforcePPConfig,
+    SearchSFTConfig,
+)
+from rllib_search.algos.demonstrations import teacher_rollouts
+from rllib_search.data.formats import write_corpus_jsonl
+from rllib_search.env.search_env import SearchEnvConfig
+from rllib_search.llm.models import load_tokenizer
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.serve.bm25 import BM25Retriever
+
+pytestmark = pytest.mark.slow
+
+ENV_SETTINGS = {"protocol": "search_r1", "max_turns": 3, "max_total_tokens": 700, "max_obs_tokens": 80}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learner_model")
+    return str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, world):
+    path = tmp_path_factory.mktemp("learner_corpus") / "corpus.jsonl"
+    write_corpus_jsonl(world.passages, path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def demonstrations(model_dir, world):
+    """Teacher episodes: real observations between the teacher's turns, so masks have holes."""
+    config = SearchEnvConfig.from_dict(ENV_SETTINGS)
+    return teacher_rollouts(load_tokenizer(model_dir), BM25Retriever(world.passages), world.train[:8], config)
+
+
+def make_config(cls, model_dir, world, corpus, *, model=None, **training):
+    env_config = {"retriever": {"type": "bm25", "corpus": corpus}, "dataset": world.train, **ENV_SETTINGS}
+    model_config = {"model": model_dir, **(model or {})}
+    if cls is SearchPPOConfig:
+        model_config.setdefault("value_head", True)
+    return (
+        cls()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config=model_config)
+        .rollouts(group_size=2, prompts_per_sample=2, max_turn_tokens=16)
+        .training(**{"lr": 1e-3, "micro_batch_size": 2, **training})
+        .debugging(seed=11)
+    )
+
+
+def learner_of(algo):
+    return algo.learner_group._learner
+
+
+def policy_weights(algo) -> dict[str, torch.Tensor]:
+    module = learner_of(algo).module["default_policy"].unwrapped()
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def with_advantages(rollouts, values, config, pad_token_id=0):
+    batch = train_batch(rollouts, config, pad_token_id)
+    batch.policy_batches["default_policy"]["episode_advantages"] = np.asarray(values, dtype=np.float32)
+    return batch
+
+
+def test_every_loss_term_ignores_observation_tokens(ray_cluster, model_dir, world, corpus, demonstrations):
+    config = make_config(
+        SearchPPOConfig, model_dir, world, corpus, entropy_coeff=0.01, old_logprobs="recompute"
+    )
+    algo = config.build_algo()
+    learner = learner_of(algo)
+    batch = with_advantages(demonstrations[:4], [1.0, -0.5, 0.2, 0.0], algo.config)
+    prepared = learner.prepare_batch(batch).policy_batches["default_policy"]
+    columns = {k: torch.as_tensor(v) for k, v in prepared.items()}
+    mask = columns["loss_mask"]
+    observation = (columns["response_mask"] > 0) & (mask == 0)
+    assert observation.any(), "demonstrations must contain observation tokens"
+    for key in ("advantages", "returns", "old_values"):
+        if key != "old_values":
+            assert torch.all(columns[key][mask == 0] == 0), key
+
+    module = learner.module["default_policy"].unwrapped()
+    fwd_out = module.forward_train(columns)
+    for key in ("logprobs", "entropy", "values"):
+        fwd_out[key].retain_grad()
+    loss, stats = learner.masked_loss(columns, fwd_out)
+    assert {"policy_loss", "kl", "value_loss"} <= set(stats)
+    loss.backward()
+    for key in ("logprobs", "entropy"):
+        grad = fwd_out[key].grad
+        assert torch.all(grad[mask == 0] == 0), key
+        assert grad[mask == 1].abs().sum() > 0, key
+    value_grad = fwd_out["values"].grad[:, :-1]
+    assert torch.all(value_grad[mask == 0] == 0) and value_grad[mask == 1].abs().sum() > 0
+
+    # Advantage whitening and GAE do not look at observation positions at all.
+    noisy = dict(columns)
+    noisy["old_values"] = columns["old_values"] + 100.0 * observation.float()
+    again = learner.token_advantages(noisy, mask)
+    torch.testing.assert_close(again["advantages"], columns["advantages"])
+    algo.stop()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_kl_is_zero_at_initialisation(ray_cluster, model_dir, world, corpus, lora):
+    model = {"lora": {"r": 4, "alpha": 8}} if lora else None
+    algo = make_config(SearchGRPOConfig, model_dir, world, corpus, model=model).build_algo()
+    results = algo.train()
+    assert results["learners"]["default_policy"]["kl"] == 0.0
+    assert results["learners"]["default_policy"]["optimizer_steps"] == 1
+    assert "episode_return_mean" in results["env_runners"]
+    algo.stop()
+
+
+def test_one_update_raises_positively_advantaged_tokens(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, lr=5e-3, old_logprobs="recompute")
+    algo = config.build_algo()
+    learner = learner_of(algo)
+    rollouts = demonstrations[:2]
+    batch = with_advantages(rollouts, [1.0, -1.0], algo.config)
+    columns = {k: torch.as_tensor(v) for k, v in batch.policy_batches["default_policy"].items()}
+    module = learner.module["default_policy"].unwrapped()
+
+    def mean_logprob(row: int) -> float:
+        with torch.no_grad():
+            logprobs = module.forward_train(columns)["logprobs"]
+        mask = columns["loss_mask"][row]
+        return float((logprobs[row] * mask).sum() / mask.sum())
+
+    before = [mean_logprob(0), mean_logprob(1)]
+    learner.update(batch=batch)
+    after = [mean_logprob(0), mean_logprob(1)]
+    assert after[0] > before[0] and after[1] < before[1]
+    algo.stop()
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_update(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    batch_rows = demonstrations[:4]
+    weights = []
+    for micro in (1, 4):
+        config = make_config(
+            SearchGRPOConfig, model_dir, world, corpus, micro_batch_size=micro, grad_clip=None
+        )
+        algo = config.build_algo()
+        learner_of(algo).update(batch=with_advantages(batch_rows, [1.0, -1.0, 0.5, -0.5], algo.config))
+        weights.append(policy_weights(algo))
+        algo.stop()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], atol=2e-6, rtol=1e-4)
+
+
+def test_a_nan_loss_is_skipped_and_reported(ray_cluster, model_dir, world, corpus, demonstrations):
+    algo = make_config(SearchGRPOConfig, model_dir, world, corpus).build_algo()
+    before = policy_weights(algo)
+    results = learner_of(algo).update(batch=with_advantages(demonstrations[:2], [np.nan, 1.0], algo.config))
+    after = policy_weights(algo)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert results["default_policy"]["skipped_updates"].peek() == 1
+    # The next finite batch trains as usual.
+    learner_of(algo).update(batch=with_advantages(demonstrations[:2], [1.0, -1.0], algo.config))
+    assert any(not torch.equal(after[k], v) for k, v in policy_weights(algo).items())
+    algo.stop()
+
+
+def test_sft_learns_the_demonstrated_tokens_only(ray_cluster, model_dir, world, corpus, demonstrations):
+    tokenizer = load_tokenizer(model_dir)
+    first = demonstrations[0]
+    generated = tokenizer.decode(first.token_ids[first.loss_mask.astype(bool)])
+    assert "<search>" in generated and "<information>" not in generated
+    config = make_config(SearchSFTConfig, model_dir, world, corpus, lr=3e-3).sft(
+        demonstrations=demonstrations, sft_batch_size=4
+    )
+    algo = config.build_algo()
+    losses = [algo.train()["learners"]["default_policy"]["sft_nll"] for _ in range(6)]
+    assert losses[-1] < 0.8 * losses[0]
+    algo.stop()
+
+
+def test_each_algorithm_trains_with_the_served_retriever(service, model_dir, world, corpus):
+    for cls in (SearchGRPOConfig, SearchPPOConfig, SearchReinforcePPConfig):
+        config = make_config(cls, model_dir, world, corpus)
+        config.env_config["retriever"] = {"type": "serve", "timeout_s": 60}
+        algo = config.build_algo()
+        results = algo.train()
+        learner = results["learners"]["default_policy"]
+        assert learner["optimizer_steps"] == 1 and learner["skipped_updates"] == 0
+        assert results["env_runners"]["num_episodes"] == 4
+        assert algo.env_runner.weights_version >= 1  # the new weights reached the sampler
+        algo.stop()
+
+
+def test_two_learners_equal_one(ray_cluster, model_dir, world, corpus, demonstrations):
+    rows = demonstrations[:4]
+    weights = []
+    for learners in (0, 2):
+        config = make_config(SearchGRPOConfig, model_dir, world, corpus, grad_clip=None).learners(
+            num_learners=learners, num_cpus_per_learner=1
+        )
+        algo = config.build_algo()
+        algo.learner_group.update(batch=with_advantages(rows, [1.0, -1.0, 0.5, -0.5], algo.config))
+        state = algo.learner_group.get_state(components="learner/rl_module/default_policy")
+        module_state = state["learner"]["rl_module"]["default_policy"]
+        weights.append({k: torch.as_tensor(v) for k, v in module_state.items()})
+        algo.stop()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], atol=1e-5, rtol=1e-4)
+
+
+def test_checkpoint_then_resume_gives_the_identical_next_update(
+    ray_cluster, model_dir, world, corpus, tmp_path
+):
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, warmup_ratio=0.5, total_training_steps=4)
+    algo = config.build_algo()
+    algo.train()
+    algo.save_to_path(str(tmp_path / "ckpt"))
+    algo.train()
+    expected = policy_weights(algo)
+    expected_steps = learner_of(algo)._optimizer_steps
+    algo.stop()
+
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    resumed = Algorithm.from_checkpoint(str(tmp_path / "ckpt"))
+    assert resumed.iteration == 1
+    resumed.train()
+    got = policy_weights(resumed)
+    assert learner_of(resumed)._optimizer_steps == expected_steps == 2
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
+    resumed.stop()
+
+
+def test_export_loads_in_transformers_with_the_same_logprobs(ray_cluster, model_dir, world, corpus, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    algo = make_config(
+        SearchGRPOConfig, model_dir, world, corpus, model={"lora": {"r": 4, "alpha": 8}}
+    ).build_algo()
+    algo.train()
+    module = learner_of(algo).module["default_policy"].unwrapped()
+    out = algo.export(tmp_path / "export")
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tokenizer("who sang it <search> lead singer </search>")["input_ids"]])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        expected = module.forward_train(batch)["logprobs"]
+        logits = model(ids).logits[0, :-1].float()
+    got = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected[0], atol=1e-4, rtol=1e-4)
+    algo.stop()
+
+
+def test_config_validation(model_dir, world, corpus):
+    with pytest.raises(ValueError, match="value_head"):
+        make_config(SearchPPOConfig, model_dir, world, corpus, model={"value_head": False}).validate()
+    with pytest.raises(ValueError, match="total_training_steps"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus, warmup_ratio=0.1).validate()
+    with pytest.raises(ValueError, match="demonstrations"):
+        make_config(SearchSFTConfig, model_dir, world, corpus).validate()
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus, advantage_estimator="a2c").validate()
