@@ -77,3 +77,11 @@ def test_clipped_value_loss_by_hand():
     returns = torch.tensor([[1.0, 1.0, 0.0]])
     # token 0: max((1-1)^2, (0.2-1)^2) = 0.64 ; token 1: max(1, 1) = 1 ; token 2 masked
     assert clipped_value_loss(values, old_values, returns, mask).item() == pytest.approx(0.5 * (0.64 + 1) / 2)
+
+
+def test_k3_is_clamped_per_token_so_one_tail_sample_cannot_dominate():
+    logprobs = torch.tensor([[-20.0, -1.0]])
+    ref = torch.tensor([[-1.0, -1.0]])
+    k3 = kl_estimate(logprobs, ref, "k3")
+    assert k3[0, 0] == 10.0 and k3[0, 1] == 0.0
+    assert kl_estimate(logprobs, ref, "k1")[0, 0] == -19.0

@@ -103,3 +103,18 @@ def test_inference_forward_gives_next_token_logits_at_each_rows_end(model_dir):
     with torch.no_grad():
         expected = module.model(torch.tensor([ROWS[1]])).logits[0, -1].float()
     torch.testing.assert_close(out[1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_score_mask_projects_only_masked_positions_with_the_same_values(model_dir):
+    module = build(model_dir, logprob_chunk=2)
+    batch = batch_of(ROWS)
+    score_mask = torch.zeros(2, 6, dtype=torch.bool)
+    score_mask[0, [1, 2, 5]] = True
+    score_mask[1, 1] = True
+    full = module.forward_train(batch)
+    masked = module.forward_train({**batch, "score_mask": score_mask})
+    for key in ("logprobs", "entropy"):
+        torch.testing.assert_close(masked[key][score_mask], full[key][score_mask])
+        assert torch.all(masked[key][~score_mask] == 0)
+    masked["logprobs"].sum().backward()  # gradients flow through the scattered positions
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())

@@ -144,8 +144,10 @@ class SearchLearner(TorchLearner):
         cfg, policy = self.config, self._policy()
         recompute = cfg.old_logprobs == "recompute" or not cfg.mask_retrieved_tokens
         wanted: dict[str, list[torch.Tensor]] = {}
+        mask_key = "loss_mask" if cfg.mask_retrieved_tokens else "response_mask"
         for rows in self._micro_batches(columns):
             chunk = {k: v.to(self._device) for k, v in rows.items()}
+            chunk["score_mask"] = chunk[mask_key] > 0
             width = chunk["input_ids"].shape[1]
             pieces: dict[str, torch.Tensor] = {}
             if cfg.kl_coeff > 0:
@@ -239,7 +241,7 @@ class SearchLearner(TorchLearner):
             last = index == len(micro_batches) - 1
             no_sync = module.no_sync() if cfg.num_learners > 1 and not last else contextlib.nullcontext()
             with no_sync:
-                fwd_out = module.forward_train(micro)
+                fwd_out = module.forward_train({**micro, "score_mask": micro[mask_key] > 0})
                 loss, micro_stats = self.masked_loss(micro, fwd_out)
                 (loss * weight).backward()
             total_loss = total_loss + loss.detach() * weight

@@ -29,17 +29,21 @@ def masked_mean(
     return (per_sequence * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+def kl_estimate(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3", k3_clamp: float = 10.0
+) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens' log-probs.
 
     ``k1``: log p - log q (unbiased, high variance); ``k3``: exp(log q - log p) - (log q - log p) - 1
-    (unbiased, always >= 0, low variance; GRPO's choice).
+    (unbiased, always >= 0, low variance; GRPO's choice). k3 grows exponentially where the policy samples a
+    token it finds far less likely than the reference does (a tail sample at temperature 1): one such token
+    can dominate a batch's mean, so each token's k3 is clamped at ``k3_clamp`` (10, as verl does).
     """
     log_ratio = ref_logprobs - logprobs
     if kind == "k1":
         return -log_ratio
     if kind == "k3":
-        return torch.exp(log_ratio) - log_ratio - 1.0
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, max=k3_clamp)
     raise ValueError(f"kind must be 'k1' or 'k3', got {kind!r}")
 
 

@@ -8,6 +8,9 @@ on the CPU path the HF engine shares this module's model, so a weight update is 
 
 Memory: the vocabulary projection is computed in chunks of positions under activation checkpointing, so
 float32 logits of the whole batch over the whole vocabulary never exist at once, not even for backward.
+Compute: a batch may carry ``score_mask`` (B, T-1), the positions whose next token the loss uses (the
+generated tokens); only those go through the vocabulary projection, the others read 0. In a search
+episode most positions are prompt and retrieved text, so this skips most of the projection and softmax.
 
 ``model_config`` keys (defaults in :data:`DEFAULT_MODEL_CONFIG`): ``model`` (hub name, local path or
 bundled alias), ``dtype`` / ``device`` (default: fp32 on CPU, bf16 on GPU), ``gradient_checkpointing``,
@@ -93,36 +96,59 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         """Per position t: ``logprobs``/``entropy`` of token t+1 (B, T-1); ``values`` (B, T) if any."""
         hidden = self.hidden_states(batch)
-        logprobs, entropy = self.token_logprobs(hidden, batch["input_ids"])
+        logprobs, entropy = self.token_logprobs(
+            hidden, batch["input_ids"], score_mask=batch.get("score_mask")
+        )
         out = {"logprobs": logprobs, "entropy": entropy}
         if self.value_head is not None:
             out["values"] = self.value_head(hidden.float()).squeeze(-1)
         return out
 
     def token_logprobs(
-        self, hidden: torch.Tensor, input_ids: torch.Tensor, model: nn.Module | None = None
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        model: nn.Module | None = None,
+        score_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probability and entropy of each next token; ``logprob_chunk`` positions projected at a time."""
+        """Log-probability and entropy of each next token (B, T-1), ``logprob_chunk`` positions per row
+        projected at a time; with ``score_mask`` only the masked positions (0 elsewhere)."""
         _, head = _decoder_and_head(model if model is not None else self.model)
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]
-        chunk = int(self.llm_config["logprob_chunk"])
+        rows, width = targets.shape
+        if score_mask is not None:
+            where = score_mask.bool()
+            flat_logp, flat_entropy = self._chunked(head, hidden[where], targets[where], rows)
+            logprobs = hidden.new_zeros(rows, width, dtype=torch.float32).index_put((where,), flat_logp)
+            entropy = hidden.new_zeros(rows, width, dtype=torch.float32).index_put((where,), flat_entropy)
+            return logprobs, entropy
+        flat_logp, flat_entropy = self._chunked(
+            head, hidden.reshape(rows * width, -1), targets.reshape(-1), rows
+        )
+        return flat_logp.view(rows, width), flat_entropy.view(rows, width)
+
+    def _chunked(
+        self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies of flat (N, H) hidden states, ``logprob_chunk * rows`` at a time."""
+        chunk = max(1, int(self.llm_config["logprob_chunk"]) * max(1, rows))
         pieces = []
-        for start in range(0, hidden.shape[1], chunk):
-            h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
+        for start in range(0, hidden.shape[0], chunk):
+            h, t = hidden[start : start + chunk], targets[start : start + chunk]
             if torch.is_grad_enabled():  # recompute the chunk's logits in backward instead of keeping them
                 pieces.append(checkpoint(_token_logprobs_and_entropy, head, h, t, use_reentrant=False))
             else:
                 pieces.append(_token_logprobs_and_entropy(head, h, t))
         if not pieces:
-            empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
+            empty = hidden.new_zeros(0, dtype=torch.float32)
             return empty, empty
-        return torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
+        return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
     def sequence_logprobs(self, batch: dict[str, Any], model: nn.Module | None = None) -> torch.Tensor:
         """(B, T-1) log-probabilities of each next token under ``model`` (a frozen reference, say), which
         must share this module's tokenizer; by default this module's own model."""
         hidden = self.hidden_states(batch, model)
-        return self.token_logprobs(hidden, batch["input_ids"], model)[0]
+        return self.token_logprobs(hidden, batch["input_ids"], model, batch.get("score_mask"))[0]
 
     def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
         """One value per position (B, T) from the value head."""

@@ -1,0 +1,272 @@
+"""End to end on 2 CPU cores: warm-start SmolLM2-135M-Instruct on teacher trajectories, then GRPO.
+
+    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (about 10-15 minutes)
+    python tuned_examples/tiny_cpu_grpo.py --help     # every knob
+
+What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever as a Ray Serve app):
+
+1. **World and retriever**: the synthetic multi-hop world (cached), a BM25 index of its passages served by
+   the ``RetrieverDeployment`` over 127.0.0.1 (the env calls it through a DeploymentHandle).
+2. **Evaluation before training** on held-out 1-hop and 2-hop questions (greedy).
+3. **Warm start** (:class:`SearchSFTConfig`): masked SFT on teacher trajectories (mostly 1-hop questions,
+   a few 2-hop). Zero-shot SmolLM2 never follows the protocol, so RL alone gets no signal.
+4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on training questions that were never
+   demonstrated; a line per iteration (reward, EM, searches, tokens/s). What RL has to learn here that the
+   warm start did not teach: the world puts a confusable twin's passage beside the right one ("The
+   Gallozane Engines" beside "The Setikaley Engines"), and the warm-started model answers with the wrong
+   passage's entity, or copies its query, on about a quarter of 1-hop questions. The teacher never made
+   that mistake, so SFT never saw it punished; the EM reward does. (Measured: with 1-hop demonstrations,
+   the warm-started model searches exactly once on 2-hop questions and never reaches their answers, so RL
+   on 2-hop questions alone gets no reward signal in a CPU-sized budget; ``--rl-hops 1,2`` adds them.)
+5. **Evaluation after each stage**, a table (EM before / after warm start / after RL, 1-hop and 2-hop
+   apart), a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json`` and ``training.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="alias, hub name or local path")
+    p.add_argument("--out", default="runs/tiny_cpu_grpo", help="output directory")
+    p.add_argument("--world-seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--demonstrations", type=int, default=120, help="1-hop teacher trajectories for SFT")
+    p.add_argument(
+        "--two-hop-demonstrations", type=int, default=40, help="2-hop teacher trajectories mixed into SFT"
+    )
+    p.add_argument("--sft-steps", type=int, default=8)
+    p.add_argument("--sft-batch", type=int, default=8)
+    p.add_argument("--sft-lr", type=float, default=8e-5)
+    p.add_argument("--rl-iterations", type=int, default=5)
+    p.add_argument("--prompts", type=int, default=4, help="questions per GRPO iteration")
+    p.add_argument("--rl-hops", default="1", help="hop counts of the RL questions, e.g. 1 or 1,2")
+    p.add_argument("--minibatch", type=int, default=8, help="episodes per optimizer step (GRPO)")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--rl-lr", type=float, default=3e-5)
+    p.add_argument("--kl-coeff", type=float, default=0.001)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--eval-questions", type=int, default=12, help="held-out questions per hop count")
+    p.add_argument("--max-turn-tokens", type=int, default=48)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import ray
+    import torch
+    from ray import serve
+
+    from rllib_search import ENV_ID
+    from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
+    from rllib_search.algos.demonstrations import teacher_rollouts
+    from rllib_search.data.formats import read_qa_file
+    from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
+    from rllib_search.env.rewards import exact_match
+    from rllib_search.env.search_env import SearchEnvConfig
+    from rllib_search.llm.models import cache_dir, load_tokenizer
+    from rllib_search.serve.client import RetrieverClient
+    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.retriever import APP_NAME, build_retriever_app
+
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
+
+    # 1. World, index, served retriever.
+    world_dir = cache_dir() / "worlds" / f"demo_seed{args.world_seed}"
+    paths = ensure_world(world_dir, SyntheticWorldConfig(seed=args.world_seed))
+    index_dir = world_dir / "bm25_index"
+    if not (index_dir / "manifest.json").exists():
+        build_index(paths["corpus_parquet"], index_dir, kind="bm25", progress=False)
+    train, test = read_qa_file(paths["train_parquet"]), read_qa_file(paths["test_parquet"])
+    by_hops = {h: [r for r in train if r.extra["num_hops"] == h] for h in (1, 2)}
+    held_out = {h: [r for r in test if r.extra["num_hops"] == h][: args.eval_questions] for h in (1, 2)}
+    say(
+        f"world: {len(train)} train / {len(test)} test questions "
+        f"(1-hop {len(by_hops[1])}, 2-hop {len(by_hops[2])})"
+    )
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+    serve.run(
+        build_retriever_app(
+            {"index_dir": str(index_dir), "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}
+        ),
+        name=APP_NAME,
+        route_prefix="/",
+    )
+    say("retriever: BM25 over the world's passages, served by Ray Serve")
+
+    env_settings: dict[str, Any] = {
+        "protocol": "search_r1",
+        "max_turns": 4,
+        "topk": 2,
+        "max_obs_tokens": 100,
+        "max_total_tokens": 1024,
+    }
+    retriever_spec = {"type": "serve", "app": APP_NAME, "timeout_s": 60}
+
+    def base_config(cls: type, model: str, dataset: list) -> Any:
+        return (
+            cls()
+            .environment(ENV_ID, env_config={"retriever": retriever_spec, "dataset": dataset, **env_settings})
+            .rl_module(model_config={"model": model})
+            .rollouts(max_turn_tokens=args.max_turn_tokens, temperature=args.temperature)
+            .debugging(seed=args.seed)
+        )
+
+    def evaluate(algo: Any, stage: str) -> dict[str, Any]:
+        row: dict[str, Any] = {"stage": stage}
+        for hops, records in held_out.items():
+            rollouts = algo.evaluate_questions(records, temperature=0.0)
+            row[f"em_{hops}hop"] = sum(exact_match(r.answer, r.golden_answers) for r in rollouts) / len(
+                rollouts
+            )
+            row[f"searches_{hops}hop"] = sum(r.stats["searches"] for r in rollouts) / len(rollouts)
+        say(
+            f"eval {stage:>13}: EM 1-hop {row['em_1hop']:.3f}  EM 2-hop {row['em_2hop']:.3f}  "
+            f"searches {row['searches_1hop']:.2f} / {row['searches_2hop']:.2f}"
+        )
+        return row
+
+    # 2-3. Evaluate the base model, warm-start it with masked SFT on 1-hop teacher trajectories, evaluate.
+    client = RetrieverClient.from_app(APP_NAME, timeout_s=60)
+    tokenizer = load_tokenizer(args.model)
+    demo_questions = by_hops[1][: args.demonstrations] + by_hops[2][: args.two_hop_demonstrations]
+    # RL questions: training questions of the chosen hop counts that were never demonstrated.
+    demonstrated = {record.uid for record in demo_questions}
+    rl_hops = {int(h) for h in args.rl_hops.split(",")}
+    rl_questions = [r for r in train if r.extra["num_hops"] in rl_hops and r.uid not in demonstrated]
+    demos = teacher_rollouts(tokenizer, client, demo_questions, SearchEnvConfig.from_dict(env_settings))
+    say(
+        f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
+        f"{args.two_hop_demonstrations} 2-hop)"
+    )
+    sft_config = (
+        base_config(SearchSFTConfig, args.model, by_hops[1])
+        .training(lr=args.sft_lr, micro_batch_size=args.micro_batch)
+        .sft(demonstrations=demos, sft_batch_size=args.sft_batch)
+    )
+    sft = sft_config.build_algo()
+    table = [evaluate(sft, "before")]
+    for step in range(1, args.sft_steps + 1):
+        nll = sft.train()["learners"]["default_policy"]["sft_nll"]
+        say(f"sft step {step:3d}/{args.sft_steps}  nll {nll:.4f}")
+    table.append(evaluate(sft, "after warm start"))
+    warm_dir = sft.export(out / "warm_start_model")
+    sft.stop()
+
+    # 4. GRPO from the warm start on 2-hop questions.
+    grpo_config = (
+        base_config(SearchGRPOConfig, str(warm_dir), rl_questions)
+        .rollouts(group_size=args.group_size, prompts_per_sample=args.prompts)
+        .training(
+            lr=args.rl_lr,
+            kl_coeff=args.kl_coeff,
+            micro_batch_size=args.micro_batch,
+            minibatch_size=args.minibatch,
+        )
+    )
+    grpo = grpo_config.build_algo()
+    history = []
+    for iteration in range(1, args.rl_iterations + 1):
+        result = grpo.train()
+        runners, learner = result["env_runners"], result["learners"]
+        row = {
+            "iteration": iteration,
+            "reward": runners["episode_return_mean"],
+            "exact_match": runners["reward"]["em"],
+            "searches": runners["searches_per_episode"],
+            "generation_tokens_per_s": runners["generation_tokens_per_s"],
+            "trained_tokens_per_s": learner["trained_tokens_per_s"],
+            "kl": learner["default_policy"]["kl"],
+        }
+        history.append(row)
+        say(
+            f"grpo iter {iteration:2d}/{args.rl_iterations}  reward {row['reward']:.3f}  "
+            f"EM {row['exact_match']:.3f}  "
+            f"searches {row['searches']:.2f}  gen {row['generation_tokens_per_s']:.0f} tok/s  "
+            f"train {row['trained_tokens_per_s']:.0f} tok/s  kl {row['kl']:.4f}"
+        )
+    table.append(evaluate(grpo, "after RL"))
+    checkpoint = grpo.save_to_path(str((out / "checkpoint").resolve()))
+    grpo.stop()
+    serve.shutdown()
+    ray.shutdown()
+
+    # 5. Report.
+    print("\nheld-out evaluation (greedy)")
+    print(f"{'stage':>18} | {'EM 1-hop':>8} | {'EM 2-hop':>8} | {'searches 1/2-hop':>16}")
+    for row in table:
+        print(
+            f"{row['stage']:>18} | {row['em_1hop']:8.3f} | {row['em_2hop']:8.3f} | "
+            f"{row['searches_1hop']:7.2f} / {row['searches_2hop']:.2f}"
+        )
+    summary = {
+        "evaluation": table,
+        "grpo": history,
+        "checkpoint": str(checkpoint),
+        "seconds": time.perf_counter() - started,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(table, history, out / "training.png")
+    say(f"checkpoint {checkpoint}; wrote {out / 'summary.json'} and {out / 'training.png'}")
+    return 0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def plot(table: list[dict[str, Any]], history: list[dict[str, Any]], path: Path) -> None:
+    """GRPO reward per iteration beside held-out EM per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    iterations = [h["iteration"] for h in history]
+    left.plot(iterations, [h["reward"] for h in history], marker="o", label="reward")
+    left.plot(iterations, [h["searches"] / 2 for h in history], marker="s", label="searches / 2")
+    left.set_xlabel("GRPO iteration")
+    left.set_title("GRPO")
+    left.legend()
+    stages = [row["stage"] for row in table]
+    x = range(len(stages))
+    right.bar([i - 0.2 for i in x], [row["em_1hop"] for row in table], width=0.4, label="1-hop")
+    right.bar([i + 0.2 for i in x], [row["em_2hop"] for row in table], width=0.4, label="2-hop")
+    right.set_xticks(list(x), stages)
+    right.set_ylim(0, 1)
+    right.set_title("held-out exact match")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
