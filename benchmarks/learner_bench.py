@@ -161,9 +161,9 @@ def main() -> None:
     for name in models:
         path = tiny if name == "tiny" else name
         if args.quick:
-            rows, length, micro, repeats = (16, 384, 4, 3) if name == "tiny" else (4, 256, 2, 2)
+            rows, length, micro, repeats = (16, 384, 4, 6) if name == "tiny" else (4, 256, 2, 2)
         else:
-            rows, length, micro, repeats = (32, 512, 4, 5) if name == "tiny" else (8, 384, 4, 3)
+            rows, length, micro, repeats = (32, 512, 4, 8) if name == "tiny" else (8, 384, 4, 3)
         print(f"[learner_bench] {name}: {rows} sequences up to {length} tokens, micro-batches of {micro}")
         results[name] = bench(path, rows, length, micro, repeats)
     summary = {
