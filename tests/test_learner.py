@@ -278,3 +278,32 @@ def test_config_validation(model_dir, world, corpus):
         make_config(SearchSFTConfig, model_dir, world, corpus).validate()
     with pytest.raises(ValueError, match="advantage_estimator"):
         make_config(SearchGRPOConfig, model_dir, world, corpus, advantage_estimator="a2c").validate()
+
+
+@pytest.mark.parametrize("learners", [0, 2], ids=["one_learner", "two_learners"])
+def test_deepspeed_zero2_gives_the_plain_update(
+    ray_cluster, model_dir, world, corpus, demonstrations, learners
+):
+    pytest.importorskip("deepspeed")
+    rows = demonstrations[:4]
+    weights = []
+    for deepspeed in (None, {"zero_optimization": {"stage": 2}}):
+        config = make_config(SearchGRPOConfig, model_dir, world, corpus, grad_clip=None, deepspeed=deepspeed)
+        if deepspeed is not None:
+            config.learners(num_learners=learners, num_cpus_per_learner=1)
+        algo = config.build_algo()
+        algo.learner_group.update(batch=with_advantages(rows, [1.0, -1.0, 0.5, -0.5], algo.config))
+        state = algo.learner_group.get_state(components="learner/rl_module/default_policy")
+        weights.append(
+            {k: torch.as_tensor(v) for k, v in state["learner"]["rl_module"]["default_policy"].items()}
+        )
+        algo.stop()
+    assert any(not torch.equal(weights[0][k], v) for k, v in policy_weights_of(model_dir).items())
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], atol=1e-5, rtol=1e-4)
+
+
+def policy_weights_of(model_dir: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return {f"model.{k}": v for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}

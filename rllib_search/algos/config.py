@@ -64,6 +64,7 @@ class SearchConfig(AlgorithmConfig):
         self.mask_retrieved_tokens = True
         self.old_logprobs = "sampler"
         self.micro_batch_size = 4
+        self.deepspeed: dict[str, Any] | None = None
 
     def rollouts(
         self,
@@ -106,6 +107,7 @@ class SearchConfig(AlgorithmConfig):
         mask_retrieved_tokens: bool | Any = NotProvided,
         old_logprobs: str | Any = NotProvided,
         micro_batch_size: int | Any = NotProvided,
+        deepspeed: dict[str, Any] | Any | None = NotProvided,
         **kwargs: Any,
     ) -> SearchConfig:
         """RLlib's training settings (``lr``, ``grad_clip``, ``gamma``, ``num_epochs``, ``minibatch_size``
@@ -120,7 +122,9 @@ class SearchConfig(AlgorithmConfig):
         - ``scale_by_std`` (GRPO), ``whiten_advantages`` (GAE), ``loss_aggregation`` (``sequence`` |
           ``token``), ``mask_retrieved_tokens`` (False only for Search-R1's ablation), ``old_logprobs``
           (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the learner, as verl);
-        - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch.
+        - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch;
+        - ``deepspeed``: None (DDP across learners) or a DeepSpeed config dict, e.g.
+          ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned).
         """
         for name, value in list(locals().items()):
             if name not in ("self", "kwargs", "__class__") and value is not NotProvided:
@@ -167,6 +171,8 @@ class SearchConfig(AlgorithmConfig):
             raise ValueError("gamma and lambda_ must be in [0, 1]")
         if int(self.micro_batch_size) < 1:
             raise ValueError(f"micro_batch_size must be at least 1, got {self.micro_batch_size}")
+        if self.deepspeed is not None and not isinstance(self.deepspeed, dict):
+            raise ValueError("deepspeed must be None or a DeepSpeed config dict")
         if self.advantage_estimator == "gae" and not self.model_config.get("value_head"):
             raise ValueError("PPO (advantage_estimator='gae') needs model_config['value_head'] = True")
 

@@ -26,6 +26,13 @@ Reference model: a frozen copy of the policy's initial weights held by this lear
 or, with LoRA, the same model with its adapters switched off (no copy). It is built from
 ``model_config["model"]``, so a run that starts from a warm-started export uses that export as reference.
 
+DeepSpeed (``deepspeed={...}`` in ``training()``, e.g. ``{"zero_optimization": {"stage": 2}}``): for
+models whose optimizer state does not fit one device, the module and its AdamW go through
+``deepspeed.initialize`` instead of DDP; ZeRO-2 partitions gradients and optimizer state across learners
+(ZeRO-3 the parameters too). The update is the same: micro-batches accumulate (DeepSpeed is told where
+the accumulation boundary is), then one guarded ``engine.step()``. On CPU it runs with
+``DS_ACCELERATOR=cpu`` over gloo (a world of one for a local learner).
+
 Learning rate: AdamW with linear warmup over ``warmup_ratio * total_training_steps`` optimizer steps,
 then constant (verl's default); the step count is part of the learner's checkpointed state.
 """
@@ -36,6 +43,8 @@ import contextlib
 import copy
 import logging
 import math
+import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -66,11 +75,47 @@ class SearchLearner(TorchLearner):
     def build(self) -> None:
         super().build()
         self._optimizer_steps = 0
+        self._deepspeed = self._init_deepspeed() if self.config.deepspeed else None
         self._reference: torch.nn.Module | None = None
         if self.config.kl_coeff > 0 and self.config.advantage_estimator != "sft":
             policy = self._policy()
             if not policy.uses_lora:  # with LoRA the reference is the base model, adapters off
                 self._reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
+
+    def _make_modules_ddp_if_necessary(self) -> None:
+        if not self.config.deepspeed:  # DeepSpeed does its own data parallelism
+            super()._make_modules_ddp_if_necessary()
+
+    def _init_deepspeed(self) -> Any:
+        """Wrap the policy and its optimizer in a DeepSpeed engine (see the module docstring)."""
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        if not torch.distributed.is_initialized():  # a local learner: a world of one
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            torch.distributed.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+            )
+        # DeepSpeed reads the launcher's LOCAL_RANK; Ray places one learner per slot on a node.
+        os.environ.setdefault(
+            "LOCAL_RANK", str(torch.distributed.get_rank() % max(1, torch.cuda.device_count()))
+        )
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+        ds_config = {
+            "train_micro_batch_size_per_gpu": int(self.config.micro_batch_size),
+            "gradient_accumulation_steps": 1,  # we mark the boundary ourselves, micro-batch counts vary
+            "gradient_clipping": float(self.config.grad_clip or 0.0),
+            **self.config.deepspeed,
+        }
+        engine, *_ = deepspeed.initialize(
+            model=self._policy(),
+            optimizer=self.get_optimizer(DEFAULT_MODULE_ID, POLICY_OPTIMIZER),
+            config=ds_config,
+        )
+        return engine
 
     def _policy(self) -> Any:
         """The unwrapped LLMRLModule (DDP wraps it when there are several learners)."""
@@ -86,6 +131,20 @@ class SearchLearner(TorchLearner):
         critic_ids = {id(p) for p in critic}
         policy = [p for p in module.parameters() if p.requires_grad and id(p) not in critic_ids]
         decay = float(self.config.weight_decay)
+        if self.config.deepspeed:  # DeepSpeed takes one optimizer: the critic is a param group of it
+            groups = [{"params": policy, "lr": self.config.lr, "base_lr": self.config.lr}]
+            if critic:
+                groups.append(
+                    {"params": critic, "lr": self.config.critic_lr, "base_lr": self.config.critic_lr}
+                )
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name=POLICY_OPTIMIZER,
+                optimizer=torch.optim.AdamW(groups, weight_decay=decay),
+                params=policy + critic,
+                lr_or_lr_schedule=self.config.lr,
+            )
+            return
         self.register_optimizer(
             module_id=module_id,
             optimizer_name=POLICY_OPTIMIZER,
@@ -237,17 +296,27 @@ class SearchLearner(TorchLearner):
             optimizer.zero_grad(set_to_none=True)
         total_loss = torch.zeros((), device=self._device)
         stats: dict[str, float] = {}
+        engine = self._deepspeed
         for index, (micro, weight) in enumerate(zip(micro_batches, weights)):
             last = index == len(micro_batches) - 1
-            no_sync = module.no_sync() if cfg.num_learners > 1 and not last else contextlib.nullcontext()
-            with no_sync:
-                fwd_out = module.forward_train({**micro, "score_mask": micro[mask_key] > 0})
+            inputs = {**micro, "score_mask": micro[mask_key] > 0}
+            if engine is not None:
+                engine.set_gradient_accumulation_boundary(last)
+                fwd_out = engine(inputs)
                 loss, micro_stats = self.masked_loss(micro, fwd_out)
-                (loss * weight).backward()
+                engine.backward(loss * weight, scale_wrt_gas=False)
+            else:
+                no_sync = module.no_sync() if cfg.num_learners > 1 and not last else contextlib.nullcontext()
+                with no_sync:
+                    fwd_out = module.forward_train(inputs)
+                    loss, micro_stats = self.masked_loss(micro, fwd_out)
+                    (loss * weight).backward()
             total_loss = total_loss + loss.detach() * weight
             for key, value in micro_stats.items():
                 stats[key] = stats.get(key, 0.0) + float(value) * weight
 
+        if engine is not None:
+            return self._deepspeed_step(engine, total_loss, stats)
         grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
         finite = bool(torch.isfinite(total_loss)) and all(
             bool(torch.isfinite(g).all()) for g in grads.values()
@@ -263,12 +332,32 @@ class SearchLearner(TorchLearner):
         for name, base_lr in ((POLICY_OPTIMIZER, cfg.lr), (CRITIC_OPTIMIZER, cfg.critic_lr)):
             if name in self._module_optimizers.get(module_id, []):
                 for group in self.get_optimizer(module_id, name).param_groups:
-                    group["lr"] = base_lr * factor
+                    group["lr"] = group.get("base_lr", base_lr) * factor
         self.apply_gradients(self.postprocess_gradients(grads))
+        return self._after_step(total_loss, stats, factor)
+
+    def _deepspeed_step(self, engine: Any, total_loss: torch.Tensor, stats: dict[str, float]) -> tuple:
+        """One DeepSpeed step (clipping per its config), or none if the loss is not finite. ZeRO keeps
+        gradients partitioned, so the guard looks at the loss, whose non-finiteness every bad gradient
+        comes from."""
+        finite = bool(torch.isfinite(total_loss))
+        self.metrics.log_value((DEFAULT_MODULE_ID, "skipped_updates"), 0 if finite else 1, reduce="sum")
+        if not finite:
+            logger.warning("non-finite loss: DeepSpeed update skipped (loss=%s)", float(total_loss))
+            engine.optimizer.zero_grad()
+            return {}, {DEFAULT_MODULE_ID: total_loss}, {}
+        factor = self.warmup_factor()
+        for group in engine.optimizer.param_groups:
+            group["lr"] = group.get("base_lr", self.config.lr) * factor
+        engine.step()
+        return self._after_step(total_loss, stats, factor)
+
+    def _after_step(self, total_loss: torch.Tensor, stats: dict[str, float], factor: float) -> tuple:
+        module_id = DEFAULT_MODULE_ID
         self._optimizer_steps += 1
         for key, value in stats.items():
             self.metrics.log_value((module_id, key), value, window=1)
-        self.metrics.log_value((module_id, "learning_rate"), cfg.lr * factor, window=1)
+        self.metrics.log_value((module_id, "learning_rate"), self.config.lr * factor, window=1)
         self.metrics.log_value((module_id, "optimizer_steps"), self._optimizer_steps, window=1)
         return {}, {module_id: total_loss}, {}
 
