@@ -307,3 +307,16 @@ def policy_weights_of(model_dir: str) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     return {f"model.{k}": v for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
+
+
+def test_bf16_autocast_update_is_finite_and_trains(ray_cluster, model_dir, world, corpus, demonstrations):
+    """The GPU default (bf16 autocast of forward passes), exercised on CPU where torch supports it too."""
+    config = make_config(SearchPPOConfig, model_dir, world, corpus, autocast=True, kl_coeff=0.001)
+    algo = config.build_algo()
+    before = policy_weights(algo)
+    results = learner_of(algo).update(batch=with_advantages(demonstrations[:2], [1.0, -1.0], algo.config))
+    stats = results["default_policy"]
+    assert stats["skipped_updates"].peek() == 0 and np.isfinite(stats["policy_loss"].peek())
+    assert any(not torch.equal(before[k], v) for k, v in policy_weights(algo).items())
+    assert all(v.dtype == torch.float32 for v in policy_weights(algo).values())  # master weights stay fp32
+    algo.stop()

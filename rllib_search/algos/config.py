@@ -65,6 +65,7 @@ class SearchConfig(AlgorithmConfig):
         self.old_logprobs = "sampler"
         self.micro_batch_size = 4
         self.deepspeed: dict[str, Any] | None = None
+        self.autocast: bool | None = None
 
     def rollouts(
         self,
@@ -108,6 +109,7 @@ class SearchConfig(AlgorithmConfig):
         old_logprobs: str | Any = NotProvided,
         micro_batch_size: int | Any = NotProvided,
         deepspeed: dict[str, Any] | Any | None = NotProvided,
+        autocast: bool | Any | None = NotProvided,
         **kwargs: Any,
     ) -> SearchConfig:
         """RLlib's training settings (``lr``, ``grad_clip``, ``gamma``, ``num_epochs``, ``minibatch_size``
@@ -124,7 +126,8 @@ class SearchConfig(AlgorithmConfig):
           (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the learner, as verl);
         - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch;
         - ``deepspeed``: None (DDP across learners) or a DeepSpeed config dict, e.g.
-          ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned).
+          ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned);
+        - ``autocast``: bf16 autocast of forward passes (None: on GPU only).
         """
         for name, value in list(locals().items()):
             if name not in ("self", "kwargs", "__class__") and value is not NotProvided:

@@ -26,6 +26,9 @@ Reference model: a frozen copy of the policy's initial weights held by this lear
 or, with LoRA, the same model with its adapters switched off (no copy). It is built from
 ``model_config["model"]``, so a run that starts from a warm-started export uses that export as reference.
 
+Precision: the module's weights stay in their dtype (fp32 on CPU); forward passes run under bf16 autocast
+on GPU (``autocast``: None = on GPU only, True, False); RLlib applies no autocast itself.
+
 DeepSpeed (``deepspeed={...}`` in ``training()``, e.g. ``{"zero_optimization": {"stage": 2}}``): for
 models whose optimizer state does not fit one device, the module and its AdamW go through
 ``deepspeed.initialize`` instead of DDP; ZeRO-2 partitions gradients and optimizer state across learners
@@ -210,9 +213,11 @@ class SearchLearner(TorchLearner):
             width = chunk["input_ids"].shape[1]
             pieces: dict[str, torch.Tensor] = {}
             if cfg.kl_coeff > 0:
-                pieces["ref_logprobs"] = self.reference_logprobs(chunk)
+                with self.autocast():
+                    pieces["ref_logprobs"] = self.reference_logprobs(chunk)
             if recompute or policy.value_head is not None:
-                out = policy.forward_train(chunk)
+                with self.autocast():
+                    out = policy.forward_train(chunk)
                 if recompute:
                     pieces["old_logprobs"] = out["logprobs"]
                 if policy.value_head is not None:
@@ -271,6 +276,14 @@ class SearchLearner(TorchLearner):
         std = math.sqrt(max(total_sq / count - mean**2, 0.0))
         return (values - mean) / (std + eps) * mask
 
+    def autocast(self) -> Any:
+        """bf16 autocast around forward passes: on by default on GPU (``autocast=None``), off on CPU
+        unless asked for. Log-probs, entropies and values come out in float32 either way."""
+        enabled = self.config.autocast
+        if enabled is None:
+            enabled = self._device.type == "cuda"
+        return torch.autocast(device_type=self._device.type, dtype=torch.bfloat16, enabled=bool(enabled))
+
     def _micro_batches(self, columns: dict[str, Any]):
         """Slices of ``micro_batch_size`` rows, each cut to its own longest sequence."""
         rows = int(columns["input_ids"].shape[0])
@@ -302,13 +315,15 @@ class SearchLearner(TorchLearner):
             inputs = {**micro, "score_mask": micro[mask_key] > 0}
             if engine is not None:
                 engine.set_gradient_accumulation_boundary(last)
-                fwd_out = engine(inputs)
+                with self.autocast():
+                    fwd_out = engine(inputs)
                 loss, micro_stats = self.masked_loss(micro, fwd_out)
                 engine.backward(loss * weight, scale_wrt_gas=False)
             else:
                 no_sync = module.no_sync() if cfg.num_learners > 1 and not last else contextlib.nullcontext()
                 with no_sync:
-                    fwd_out = module.forward_train(inputs)
+                    with self.autocast():
+                        fwd_out = module.forward_train(inputs)
                     loss, micro_stats = self.masked_loss(micro, fwd_out)
                     (loss * weight).backward()
             total_loss = total_loss + loss.detach() * weight

@@ -101,7 +101,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         )
         out = {"logprobs": logprobs, "entropy": entropy}
         if self.value_head is not None:
-            out["values"] = self.value_head(hidden.float()).squeeze(-1)
+            out["values"] = self.value_head(hidden.float()).float().squeeze(-1)
         return out
 
     def token_logprobs(
@@ -155,7 +155,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         if self.value_head is None:
             raise ValueError("this LLMRLModule has no value head (model_config['value_head'] = False)")
         hidden = embeddings if embeddings is not None else self.hidden_states(batch)
-        return self.value_head(hidden.float()).squeeze(-1)
+        return self.value_head(hidden.float()).float().squeeze(-1)
 
     def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         """Next-token logits at each row's last position (generation itself goes through an engine)."""
