@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env_settings: dict[str, Any] = {
         "protocol": "search_r1",
-        "max_turns": 4,
+        "max_turns": 3,  # enough for 2 hops and the answer
         "topk": 2,
         "max_obs_tokens": 100,
         "max_total_tokens": 1024,
