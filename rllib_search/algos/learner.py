@@ -78,12 +78,13 @@ class SearchLearner(TorchLearner):
     def build(self) -> None:
         super().build()
         self._optimizer_steps = 0
-        self._deepspeed = self._init_deepspeed() if self.config.deepspeed else None
         self._reference: torch.nn.Module | None = None
         if self.config.kl_coeff > 0 and self.config.advantage_estimator != "sft":
             policy = self._policy()
             if not policy.uses_lora:  # with LoRA the reference is the base model, adapters off
                 self._reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        # After the reference copy, so that the copy carries none of DeepSpeed's gradient hooks.
+        self._deepspeed = self._init_deepspeed() if self.config.deepspeed else None
 
     def _make_modules_ddp_if_necessary(self) -> None:
         if not self.config.deepspeed:  # DeepSpeed does its own data parallelism
