@@ -34,7 +34,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.algos.losses import clipped_policy_loss
-from rllib_search.llm.models import load_causal_lm
+from rllib_search.llm.models import load_causal_lm, load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -74,7 +74,7 @@ def build_learner(model: str, micro: int, kl_coeff: float):
         .rl_module(model_config={"model": model})
         .training(lr=1e-5, kl_coeff=kl_coeff, micro_batch_size=micro, grad_clip=1.0)
     )
-    vocab = len(load_causal_lm(model)[1])
+    vocab = len(load_tokenizer(model))
     space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
     return config.build_learner(spaces={DEFAULT_MODULE_ID: (space, space)})
 

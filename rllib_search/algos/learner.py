@@ -135,35 +135,31 @@ class SearchLearner(TorchLearner):
         critic_ids = {id(p) for p in critic}
         policy = [p for p in module.parameters() if p.requires_grad and id(p) not in critic_ids]
         decay = float(self.config.weight_decay)
-        if self.config.deepspeed:  # DeepSpeed takes one optimizer: the critic is a param group of it
-            groups = [{"params": policy, "lr": self.config.lr, "base_lr": self.config.lr}]
-            if critic:
-                groups.append(
-                    {"params": critic, "lr": self.config.critic_lr, "base_lr": self.config.critic_lr}
-                )
-            self.register_optimizer(
-                module_id=module_id,
-                optimizer_name=POLICY_OPTIMIZER,
-                optimizer=torch.optim.AdamW(groups, weight_decay=decay),
-                params=policy + critic,
-                lr_or_lr_schedule=self.config.lr,
-            )
-            return
-        self.register_optimizer(
-            module_id=module_id,
-            optimizer_name=POLICY_OPTIMIZER,
-            optimizer=torch.optim.AdamW(policy, lr=self.config.lr, weight_decay=decay),
-            params=policy,
-            lr_or_lr_schedule=self.config.lr,
-        )
+        wanted = [(POLICY_OPTIMIZER, policy, self.config.lr)]
         if critic:
+            wanted.append((CRITIC_OPTIMIZER, critic, self.config.critic_lr))
+        # Each param group keeps its ``base_lr``: the warmup scales it (``_set_learning_rates``).
+        if self.config.deepspeed:  # DeepSpeed takes one optimizer: the critic becomes a param group of it
+            groups = [{"params": params, "lr": lr, "base_lr": lr} for _, params, lr in wanted]
+            optimizers = [(POLICY_OPTIMIZER, policy + critic, self.config.lr, groups)]
+        else:
+            optimizers = [
+                (name, params, lr, [{"params": params, "lr": lr, "base_lr": lr}])
+                for name, params, lr in wanted
+            ]
+        for name, params, lr, groups in optimizers:
             self.register_optimizer(
                 module_id=module_id,
-                optimizer_name=CRITIC_OPTIMIZER,
-                optimizer=torch.optim.AdamW(critic, lr=self.config.critic_lr, weight_decay=decay),
-                params=critic,
-                lr_or_lr_schedule=self.config.critic_lr,
+                optimizer_name=name,
+                optimizer=torch.optim.AdamW(groups, weight_decay=decay),
+                params=params,
+                lr_or_lr_schedule=lr,
             )
+
+    @staticmethod
+    def _set_learning_rates(param_groups: Any, factor: float) -> None:
+        for group in param_groups:
+            group["lr"] = group["base_lr"] * factor
 
     def warmup_factor(self) -> float:
         """The learning-rate multiplier at the current optimizer step (linear warmup, then 1)."""
@@ -345,10 +341,8 @@ class SearchLearner(TorchLearner):
             return {}, {module_id: total_loss}, {}
 
         factor = self.warmup_factor()
-        for name, base_lr in ((POLICY_OPTIMIZER, cfg.lr), (CRITIC_OPTIMIZER, cfg.critic_lr)):
-            if name in self._module_optimizers.get(module_id, []):
-                for group in self.get_optimizer(module_id, name).param_groups:
-                    group["lr"] = group.get("base_lr", base_lr) * factor
+        for optimizer in self._optimizer_parameters:
+            self._set_learning_rates(optimizer.param_groups, factor)
         self.apply_gradients(self.postprocess_gradients(grads))
         return self._after_step(total_loss, stats, factor)
 
@@ -363,8 +357,7 @@ class SearchLearner(TorchLearner):
             engine.optimizer.zero_grad()
             return {}, {DEFAULT_MODULE_ID: total_loss}, {}
         factor = self.warmup_factor()
-        for group in engine.optimizer.param_groups:
-            group["lr"] = group.get("base_lr", self.config.lr) * factor
+        self._set_learning_rates(engine.optimizer.param_groups, factor)
         engine.step()
         return self._after_step(total_loss, stats, factor)
 

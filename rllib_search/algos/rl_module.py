@@ -101,7 +101,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         )
         out = {"logprobs": logprobs, "entropy": entropy}
         if self.value_head is not None:
-            out["values"] = self.value_head(hidden.float()).float().squeeze(-1)
+            out["values"] = self.compute_values(batch, embeddings=hidden)
         return out
 
     def token_logprobs(
@@ -115,17 +115,11 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         projected at a time; with ``score_mask`` only the masked positions (0 elsewhere)."""
         _, head = _decoder_and_head(model if model is not None else self.model)
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]
-        rows, width = targets.shape
-        if score_mask is not None:
-            where = score_mask.bool()
-            flat_logp, flat_entropy = self._chunked(head, hidden[where], targets[where], rows)
-            logprobs = hidden.new_zeros(rows, width, dtype=torch.float32).index_put((where,), flat_logp)
-            entropy = hidden.new_zeros(rows, width, dtype=torch.float32).index_put((where,), flat_entropy)
-            return logprobs, entropy
-        flat_logp, flat_entropy = self._chunked(
-            head, hidden.reshape(rows * width, -1), targets.reshape(-1), rows
-        )
-        return flat_logp.view(rows, width), flat_entropy.view(rows, width)
+        where = score_mask.bool() if score_mask is not None else torch.ones_like(targets, dtype=torch.bool)
+        flat_logp, flat_entropy = self._chunked(head, hidden[where], targets[where], targets.shape[0])
+        logprobs = hidden.new_zeros(targets.shape, dtype=torch.float32).index_put((where,), flat_logp)
+        entropy = hidden.new_zeros(targets.shape, dtype=torch.float32).index_put((where,), flat_entropy)
+        return logprobs, entropy
 
     def _chunked(
         self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, rows: int
