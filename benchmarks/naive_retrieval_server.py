@@ -1,9 +1,9 @@
 """The baseline of retriever_bench.py: Search-R1's retrieval server design, for side-by-side measurement.
 
 One uvicorn worker; a synchronous FastAPI endpoint that encodes and searches each request on its own
-(no batching across requests). Same index, same schema as the Serve deployment.
+(no batching across requests). Same index, same query encoder dtype, same schema as the Serve deployment.
 
-    python benchmarks/naive_retrieval_server.py INDEX_DIR PORT
+    python benchmarks/naive_retrieval_server.py INDEX_DIR PORT [DTYPE]
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rllib_search.serve.indexes import load_index
 from rllib_search.serve.retriever import RetrieveRequest, passage_to_json
 
 
-def make_app(index_dir: str) -> FastAPI:
-    index = load_index(index_dir)
+def make_app(index_dir: str, dtype: str | None = None) -> FastAPI:
+    index = load_index(index_dir, dtype=dtype)
     app = FastAPI()
 
     @app.post("/retrieve")
@@ -31,5 +31,9 @@ def make_app(index_dir: str) -> FastAPI:
 
 if __name__ == "__main__":
     uvicorn.run(
-        make_app(sys.argv[1]), host="127.0.0.1", port=int(sys.argv[2]), workers=1, log_level="warning"
+        make_app(sys.argv[1], sys.argv[3] if len(sys.argv) > 3 else None),
+        host="127.0.0.1",
+        port=int(sys.argv[2]),
+        workers=1,
+        log_level="warning",
     )

@@ -1,15 +1,25 @@
 """Retrieval service benchmark: Ray Serve with dynamic batching against a naive one-request-at-a-time server.
 
 Both serve the same MiniLM Flat index over a synthetic corpus (100k passages; ``--quick``: 10k) on
-127.0.0.1, and are measured side by side in one run: queries/s and p50/p99 latency at concurrency 1, 8
-and 32 (one query per request, as a rollout's per-sample search would send). The naive server is
-Search-R1's design: a FastAPI app on one uvicorn worker whose synchronous endpoint encodes and searches each
-request alone. Also measured: HNSW recall@3 against Flat, and the resident memory of a Serve replica.
+127.0.0.1, with the same query encoder dtype, and are measured side by side in one run: queries/s and
+p50/p99 latency at concurrency 1, 8 and 32 (one query per request, as a rollout's per-sample search would
+send). Each system gets the whole machine:
+
+- Serve: ``--replicas`` replicas of one CPU (default: one per core) with dynamic batching, behind
+  ``--ingress haproxy`` (default: Ray's high-throughput mode, HAProxy straight to the replicas) or
+  ``proxy`` (Serve's Python proxy actor). In-cluster DeploymentHandle calls are measured too.
+- naive: Search-R1's design, a FastAPI app on one uvicorn worker whose synchronous endpoint encodes and
+  searches each request alone, run with one torch/faiss thread and with one per core; the baseline at each
+  level is the faster of the two.
+
+Also measured: HNSW recall@3 against Flat, the query dtype's recall@3 against fp32 queries, and the
+resident memory of a replica.
 
 Prints a final JSON line and writes ``benchmarks/results/retriever.json`` and ``retriever.png``.
 
     python benchmarks/retriever_bench.py            # full run (the first run builds the index: minutes)
     python benchmarks/retriever_bench.py --quick    # under 3 minutes
+    python benchmarks/retriever_bench.py --ingress proxy --dtype float32
 """
 
 from __future__ import annotations
@@ -84,6 +94,19 @@ def hnsw_recall_at_3(index_dir: Path, queries: list[str], num_queries: int) -> f
     return hits / (3 * len(sample))
 
 
+def query_dtype_recall_at_3(index_dir: Path, queries: list[str], dtype: str, num_queries: int) -> float:
+    """Recall@3 on the Flat index of queries encoded in ``dtype`` against the same queries in fp32."""
+    from rllib_search.serve.indexes import load_index
+
+    exact = load_index(index_dir, dtype="float32")
+    reduced = load_index(index_dir, dtype=dtype)
+    sample = queries[:num_queries]
+    _, want = exact.faiss_index.search(exact.encoder.encode_queries(sample), 3)
+    _, got = exact.faiss_index.search(reduced.encoder.encode_queries(sample), 3)
+    hits = sum(len(set(w) & set(g)) for w, g in zip(want.tolist(), got.tolist()))
+    return hits / (3 * len(sample))
+
+
 def _summary(latencies: list[float], wall: float, failures: int) -> dict[str, float]:
     ms = np.asarray(latencies) * 1000
     return {
@@ -150,12 +173,15 @@ def wait_http(url: str, timeout_s: float = 180) -> None:
     raise TimeoutError(f"{url} did not come up")
 
 
-def start_serve(index_dir: Path, port: int):
+def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: int):
     import ray
     from ray import serve
 
     from rllib_search.serve.retriever import APP_NAME, build_retriever_app
+    from rllib_search.serve.serve_cli import HIGH_THROUGHPUT_ENV
 
+    if ingress == "haproxy":  # read by Ray's processes when they start
+        os.environ.update(HIGH_THROUGHPUT_ENV)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     # Access logs off, as the naive server runs with warnings only: per-request logging costs both alike.
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
@@ -164,21 +190,22 @@ def start_serve(index_dir: Path, port: int):
         {
             "index_dir": str(index_dir),
             "encoder": ENCODER,
-            "num_replicas": 1,
+            "dtype": dtype,
+            "num_replicas": replicas,
             "ray_actor_options": {"num_cpus": 1},
         }
     )
     return serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
 
 
-def start_naive(index_dir: Path, port: int) -> subprocess.Popen:
-    # One thread, as Ray gives the one-CPU Serve replica: both systems get the same compute.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def start_naive(index_dir: Path, port: int, dtype: str, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     command = [
         sys.executable,
         str(ROOT / "benchmarks" / "naive_retrieval_server.py"),
         str(index_dir),
         str(port),
+        dtype,
     ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -187,7 +214,7 @@ def _row(r: dict[str, float]) -> str:
     return f"{r['qps']:6.1f} q/s p99 {r['p99_ms']:6.0f} ms"
 
 
-def plot(levels: list[int], systems: dict[str, list[dict]], path: Path) -> None:
+def plot(levels: list[int], systems: dict[str, list[dict]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,7 +231,7 @@ def plot(levels: list[int], systems: dict[str, list[dict]], path: Path) -> None:
     for ax in (left, right):
         ax.set_xticks(levels, [str(c) for c in levels])
     left.legend(fontsize=8)
-    fig.suptitle("Retriever on 2 CPU cores: MiniLM + faiss Flat")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -218,6 +245,18 @@ def main() -> None:
         "--requests", type=int, help="requests per concurrency level (default 400; 150 quick)"
     )
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "rllib_search" / "bench"))
+    parser.add_argument(
+        "--ingress",
+        choices=["haproxy", "proxy"],
+        default="haproxy",
+        help="Serve's HTTP ingress: Ray's high-throughput HAProxy mode (default) or the Python proxy actor",
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="query encoder dtype of both systems (auto: bf16 on CPUs with it)"
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="Serve replicas, one CPU each (default: one per core)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     num_passages = args.passages or (10_000 if args.quick else 100_000)
@@ -228,32 +267,47 @@ def main() -> None:
     random.Random(0).shuffle(queries)
     recall = hnsw_recall_at_3(index_dir, queries, 200 if args.quick else 500)
     print(f"[bench] HNSW recall@3 vs Flat: {recall:.3f}", flush=True)
+    import torch
 
-    serve_port, naive_port = free_port(), free_port()
-    handle = start_serve(index_dir, serve_port)
-    naive = start_naive(index_dir, naive_port)
+    from rllib_search.serve.encoders import resolve_dtype
+
+    query_dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
+    dtype_recall = query_dtype_recall_at_3(index_dir, queries, query_dtype, 200 if args.quick else 500)
+    print(f"[bench] {query_dtype} queries: recall@3 vs fp32 queries {dtype_recall:.3f}", flush=True)
+
+    serve_port = free_port()
+    handle = start_serve(index_dir, serve_port, args.ingress, query_dtype, args.replicas)
     serve_url = f"http://127.0.0.1:{serve_port}/retrieve"
-    naive_url = f"http://127.0.0.1:{naive_port}/retrieve"
-    serve_rows, handle_rows, naive_rows = [], [], []
+    # The naive server on one thread and on every core: the baseline is the faster at each level.
+    naive_threads = sorted({1, os.cpu_count() or 1})
+    naive_ports = {threads: free_port() for threads in naive_threads}
+    naives = [start_naive(index_dir, naive_ports[t], query_dtype, t) for t in naive_threads]
+    naive_urls = {t: f"http://127.0.0.1:{port}/retrieve" for t, port in naive_ports.items()}
+    serve_rows, handle_rows, naive_rows = [], [], {t: [] for t in naive_threads}
     try:
         wait_http(serve_url)
-        wait_http(naive_url)
+        for url in naive_urls.values():
+            wait_http(url)
         for concurrency in levels:  # side by side: every system at a level before the next level
             n = max(num_requests // 4, 40) if concurrency == 1 else num_requests
             serve_rows.append(asyncio.run(load_http(serve_url, queries, concurrency, n)))
             handle_rows.append(asyncio.run(load_handle(handle, queries, concurrency, n)))
-            naive_rows.append(asyncio.run(load_http(naive_url, queries, concurrency, n)))
+            for threads, url in naive_urls.items():
+                naive_rows[threads].append(asyncio.run(load_http(url, queries, concurrency, n)))
+            naive_text = " | ".join(f"naive/{t}t {_row(rows[-1])}" for t, rows in naive_rows.items())
             print(
                 f"[bench] c={concurrency:<3d} serve/http {_row(serve_rows[-1])} | serve/handle "
-                f"{_row(handle_rows[-1])} | naive {_row(naive_rows[-1])}",
+                f"{_row(handle_rows[-1])} | {naive_text}",
                 flush=True,
             )
-        replica_stats = handle.stats.remote().result()
+        replica_stats = [handle.stats.remote().result() for _ in range(4 * args.replicas)]
     finally:
-        naive.terminate()
+        for naive in naives:
+            naive.terminate()
         from ray import serve
 
         serve.shutdown()
+    best_naive = [max((rows[i] for rows in naive_rows.values()), key=lambda r: r["qps"]) for i in range(3)]
 
     results = {
         "benchmark": "retriever",
@@ -262,18 +316,28 @@ def main() -> None:
         "encoder": ENCODER,
         "index": "flat",
         "cpus": os.cpu_count(),
+        "ingress": args.ingress,
+        "replicas": args.replicas,
+        "query_dtype": query_dtype,
+        "query_dtype_recall_at_3_vs_fp32": dtype_recall,
         # Both over HTTP: the like-for-like comparison (Search-R1's clients call HTTP).
-        "serve_vs_naive_qps_ratio_c32": serve_rows[-1]["qps"] / naive_rows[-1]["qps"],
+        # The ingress named above carries Serve's HTTP.
+        "serve_vs_naive_qps_ratio_c32": serve_rows[-1]["qps"] / best_naive[-1]["qps"],
         "serve_p99_ms_c32": serve_rows[-1]["p99_ms"],
         # The in-cluster path our rollouts use: a DeploymentHandle, no HTTP proxy.
-        "serve_handle_vs_naive_qps_ratio_c32": handle_rows[-1]["qps"] / naive_rows[-1]["qps"],
+        "serve_handle_vs_naive_qps_ratio_c32": handle_rows[-1]["qps"] / best_naive[-1]["qps"],
         "serve_handle_p99_ms_c32": handle_rows[-1]["p99_ms"],
         "hnsw_recall_at_3": recall,
-        "replica_rss_mb": replica_stats["rss_mb"],
-        "replica_mean_queries_per_batch": replica_stats["mean_queries_per_batch"],
+        "replica_rss_mb": max(stats["rss_mb"] for stats in replica_stats),
+        "replica_mean_queries_per_batch": max(stats["mean_queries_per_batch"] for stats in replica_stats),
         "levels": {
-            str(c): {"serve_http": s, "serve_handle": h, "naive_http": n}
-            for c, s, h, n in zip(levels, serve_rows, handle_rows, naive_rows)
+            str(c): {
+                "serve_http": serve_rows[i],
+                "serve_handle": handle_rows[i],
+                "naive_http": best_naive[i],
+                **{f"naive_http_{t}_threads": rows[i] for t, rows in naive_rows.items()},
+            }
+            for i, c in enumerate(levels)
         },
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -281,11 +345,13 @@ def main() -> None:
     plot(
         levels,
         {
-            "Serve + batching (HTTP)": serve_rows,
+            f"Serve + batching (HTTP, {args.ingress})": serve_rows,
             "Serve + batching (handle)": handle_rows,
-            "naive, one request at a time (HTTP)": naive_rows,
+            **{f"naive, one request at a time (HTTP, {t} thread(s))": rows for t, rows in naive_rows.items()},
         },
         RESULTS / "retriever.png",
+        f"Retriever on {os.cpu_count()} CPU cores: MiniLM ({query_dtype} queries) + faiss Flat, "
+        f"{num_passages:,} passages",
     )
     print(json.dumps(results))
 

@@ -14,6 +14,8 @@ from rllib_search.serve.encoders import (
     DEFAULT_ENCODER,
     EncoderSpec,
     TextEncoder,
+    cpu_has_native_bf16,
+    resolve_dtype,
     resolve_model_path,
 )
 
@@ -124,6 +126,30 @@ def test_minilm_truncates_a_long_text_at_max_length(minilm):
     vectors = minilm.encode_passages([long_text, long_text + " and a different ending"])
     assert vectors.shape == (2, 384)
     np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-6)
+
+
+def test_bf16_autocast_keeps_fp32_weights_and_nearly_the_same_vectors(minilm):
+    """bf16 on the CPU runs the matrix products in bf16 under autocast, over the same fp32 weights."""
+    reduced = TextEncoder(MINILM, dtype="bfloat16")
+    assert reduced.dtype == torch.bfloat16
+    assert next(reduced.model.parameters()).dtype == torch.float32
+    texts = ["who wrote the song", "Paris is the capital of France.", "a longer query about the city"]
+    exact, approx = minilm.encode_queries(texts), reduced.encode_queries(texts)
+    assert approx.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(approx, axis=1), 1.0, atol=1e-5)
+    cosines = (exact * approx).sum(axis=1)
+    assert cosines.min() > 0.999 and not np.array_equal(exact, approx)  # close, yet computed in bf16
+
+
+def test_dtype_names_resolve_per_device():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert resolve_dtype(None, cpu) == torch.float32 and resolve_dtype(None, gpu) == torch.float16
+    assert resolve_dtype("auto", gpu) == torch.float16
+    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype(torch.float16, cpu) == torch.float16
+    with pytest.raises(ValueError, match="encoder dtype"):
+        resolve_dtype("int8", cpu)
 
 
 def test_empty_input_gives_an_empty_array(minilm):

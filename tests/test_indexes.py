@@ -115,6 +115,17 @@ def test_flat_minilm_finds_most_hop_answers_with_descending_scores(flat, hops):
         assert scores == sorted(scores, reverse=True) and -1.0 <= scores[-1] <= scores[0] <= 1.0 + 1e-5
 
 
+def test_batched_flat_search_equals_one_query_at_a_time(flat, hops):
+    """Batches from ``blas_min_queries`` on take faiss's BLAS path; the ranking must not change."""
+    queries = [hop["query"] for hop in hops[:20]]
+    assert len(queries) >= flat.blas_min_queries
+    batched = flat.search(queries, 3)
+    one_by_one = [flat.search([query], 3)[0] for query in queries]
+    assert [[p.id for p in ps] for ps in batched] == [[p.id for p in ps] for ps in one_by_one]
+    for got, want in zip(batched, one_by_one):
+        np.testing.assert_allclose([p.score for p in got], [p.score for p in want], atol=1e-5)
+
+
 def test_hnsw_recall_at_3_against_flat(indexes, hops, world):
     queries = [h["query"] for h in hops] + [r.question for r in world.train + world.test]
     exact, approximate = indexes["flat"].search(queries, 3), indexes["hnsw"].search(queries, 3)

@@ -192,8 +192,10 @@ def test_serve_config_yaml_builds_the_app(index_dir):
     )
 
 
-def test_serve_retriever_command(index_dir, tmp_path):
-    """`rllib-search serve retriever` on its own local Ray, answering Search-R1 requests on 127.0.0.1."""
+@pytest.mark.parametrize("high_throughput", [False, True], ids=["proxy", "haproxy"])
+def test_serve_retriever_command(index_dir, tmp_path, high_throughput):
+    """`rllib-search serve retriever` on its own local Ray, answering Search-R1 requests on 127.0.0.1,
+    through Serve's proxy actor or through HAProxy straight to the replica (``--high-throughput``)."""
     import subprocess
     import sys
 
@@ -214,6 +216,7 @@ def test_serve_retriever_command(index_dir, tmp_path):
         "0.5",
         "--duration-s",
         "90",
+        *(["--high-throughput"] if high_throughput else []),
     ]
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -236,6 +239,14 @@ def test_serve_retriever_command(index_dir, tmp_path):
             -3000:
         ]
         assert len(response.json()["result"][0]) == 2
+        url = f"http://127.0.0.1:{port}/retrieve"
+        bad = requests.post(url, json={"queries": ["x"], "topk": 0}, timeout=10)
+        assert bad.status_code == 422 and "topk" in bad.json()["detail"]
+        ingress = "HAProxy" if high_throughput else "proxy actor"
+        deadline = time.monotonic() + 30  # the app can answer just before serve.run returns and prints
+        while "retriever ready" not in (tmp_path / "serve.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert f"retriever ready ({ingress})" in (tmp_path / "serve.log").read_text()
     finally:
         process.terminate()
         process.wait(timeout=60)

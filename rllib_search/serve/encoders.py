@@ -143,26 +143,56 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX), where bf16 halves the cost
+    of a batched encoder pass. torch exposes the check only privately, so a missing helper means no."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """An encoder dtype from a name. ``None`` or ``"float32"``-like names map as given; ``"auto"`` is fp16
+    on a GPU, bf16 on a CPU with native bf16 and fp32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"encoder dtype must be 'auto' or one of {sorted(names)}, got {dtype!r}")
+    return names[dtype]
+
+
 class TextEncoder:
     """A loaded encoder: texts in, float32 vectors out (one row per text, L2-normalised by default).
 
-    The device defaults to CUDA when available; the dtype to fp16 on a GPU and fp32 on the CPU.
+    The device defaults to CUDA when available; the dtype (see :func:`resolve_dtype`) to fp16 on a GPU and
+    fp32 on the CPU. On a GPU the weights are cast to the dtype. On the CPU a 16-bit dtype keeps fp32
+    weights and runs under autocast: matrix products in 16 bits, normalisations and softmax in fp32
+    (MiniLM query vectors in bf16 autocast: cosine 0.99999 to fp32, recall@3 0.993 against fp32 queries).
     """
 
     def __init__(
         self,
         spec: EncoderSpec | str,
         device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: str | torch.dtype | None = None,
     ) -> None:
         from transformers import AutoModel, AutoTokenizer
 
         self.spec = spec if isinstance(spec, EncoderSpec) else EncoderSpec.for_model(spec)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
+        self.dtype = resolve_dtype(dtype, self.device)
+        on_cpu = self.device.type == "cpu"
+        self._autocast = on_cpu and self.dtype != torch.float32
+        weights_dtype = torch.float32 if on_cpu else self.dtype
         path = resolve_model_path(self.spec.name_or_path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+        self.model = AutoModel.from_pretrained(path, dtype=weights_dtype).to(self.device).eval()
 
     @property
     def dim(self) -> int:
@@ -197,7 +227,8 @@ class TextEncoder:
         inputs = self.tokenizer(
             texts, padding=True, truncation=True, max_length=self.spec.max_length, return_tensors="pt"
         ).to(self.device)
-        hidden = self.model(**inputs).last_hidden_state.float()
+        with torch.autocast("cpu", dtype=self.dtype, enabled=self._autocast):
+            hidden = self.model(**inputs).last_hidden_state.float()
         if self.spec.pooling == "cls":
             vectors = hidden[:, 0]
         else:

@@ -2,13 +2,23 @@
 
 Connects to a running Ray cluster when there is one (``ray start`` / ``RAY_ADDRESS``), else starts a
 local one; binds HTTP to 127.0.0.1 unless ``--host`` says otherwise; serves until interrupted.
+
+``--high-throughput`` starts the local Ray with Ray's high-throughput Serve settings
+(``RAY_SERVE_ENABLE_HA_PROXY=1``, ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``): HAProxy on ``--port`` forwards
+HTTP straight to each replica's own HTTP server (ports 30000-31000, which Ray binds on all interfaces so
+HAProxy on other nodes can reach them) instead of through the Python proxy actor. On a cluster, export the
+two variables before ``ray start`` on every node.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
+
+# Ray's documented high-throughput Serve mode (Ray >= 2.55); read when Ray's processes start.
+HIGH_THROUGHPUT_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
 def add_serve_commands(subparsers: Any) -> None:
@@ -27,7 +37,18 @@ def add_serve_commands(subparsers: Any) -> None:
     retriever.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
     retriever.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
     retriever.add_argument("--max-batch-queries", type=int, default=1024)
-    retriever.add_argument("--batch-wait-ms", type=float, default=20.0)
+    retriever.add_argument("--batch-wait-ms", type=float, default=5.0)
+    retriever.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="query encoder dtype (auto: fp16 on GPU, bf16 on CPUs with native bf16, else fp32)",
+    )
+    retriever.add_argument(
+        "--high-throughput",
+        action="store_true",
+        help="start the local Ray with HAProxy ingress and Ray's throughput-optimised Serve settings",
+    )
     retriever.add_argument(
         "--address",
         default=None,
@@ -46,6 +67,7 @@ def retriever_app_args(args: argparse.Namespace) -> dict[str, Any]:
         "encoder": args.encoder,
         "max_batch_queries": args.max_batch_queries,
         "batch_wait_timeout_s": args.batch_wait_ms / 1000,
+        "dtype": args.dtype,
         "autoscaling_config": {
             "min_replicas": args.min_replicas,
             "max_replicas": args.max_replicas,
@@ -67,10 +89,19 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
         address = args.address
     else:
         address = "auto" if _cluster_running() else None
+    if args.high_throughput:
+        if address is not None:
+            print(
+                "[serve] --high-throughput only configures a Ray this command starts; on a running cluster "
+                f"export {' and '.join(f'{k}=1' for k in HIGH_THROUGHPUT_ENV)} before `ray start`",
+                flush=True,
+            )
+        os.environ.update(HIGH_THROUGHPUT_ENV)
     ray.init(address=address, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_retriever_app(retriever_app_args(args)), name=APP_NAME, route_prefix="/")
-    print(f"[serve] retriever ready: POST http://{args.host}:{args.port}/retrieve", flush=True)
+    ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "proxy actor"
+    print(f"[serve] retriever ready ({ingress}): POST http://{args.host}:{args.port}/retrieve", flush=True)
     started = time.monotonic()
     try:
         while args.duration_s is None or time.monotonic() - started < args.duration_s:
@@ -82,8 +113,6 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
 
 
 def _cluster_running() -> bool:
-    import os
-
     if os.environ.get("RAY_ADDRESS"):
         return True
     try:
