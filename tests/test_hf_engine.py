@@ -124,6 +124,19 @@ def test_eos_ends_a_segment_and_is_kept(trained):
     assert segment.token_ids == target and segment.token_ids[-1] == engine.tokenizer.eos_token_id
 
 
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["hf", "prefix_cache"])
+def test_ignore_eos_generates_through_eos_to_the_row_limit(trained, prefix_cache):
+    from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
+
+    engine, prompt, target = trained
+    if prefix_cache:
+        engine = PrefixCachingHFEngine(engine.model, engine.tokenizer)
+    params = SamplingParams(temperature=0, max_new_tokens=40, stop=("</answer>",), ignore_eos=True)
+    segment = engine.generate([prompt], params, max_new_tokens=[len(target) + 5])[0]
+    assert segment.finish_reason == "length" and len(segment.token_ids) == len(target) + 5
+    assert segment.token_ids[: len(target)] == target  # the EOS is in there, and generation went on
+
+
 def test_rows_stop_independently(trained):
     engine, prompt, target = trained
     other = engine.tokenizer.encode("The quick brown fox")

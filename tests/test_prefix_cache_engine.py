@@ -92,3 +92,37 @@ def test_only_uncached_tokens_are_fed_and_new_weights_drop_the_caches(engines):
     cached_before = cached.cached_tokens
     cached.generate([prefix + first.token_ids + observation], params)
     assert cached.cached_tokens == cached_before
+
+
+def test_append_in_place_layer_matches_concatenation_through_reallocation_and_compaction():
+    """Appending in place (with spare room too small, so the buffers grow twice) gives the same keys and
+    values as transformers' concatenating layer, before and after dropping rows from the batch."""
+    from transformers.cache_utils import DynamicLayer
+
+    from rllib_search.llm.engines.hf_prefix_cache import _AppendInPlaceLayer
+
+    generator = torch.Generator().manual_seed(0)
+    concatenating, in_place = DynamicLayer(), _AppendInPlaceLayer(spare=2)
+    batch = 4
+    for step, length in enumerate([5, 1, 1, 1, 3, 1]):
+        keys = torch.randn(batch, 2, length, 8, generator=generator)
+        values = torch.randn(batch, 2, length, 8, generator=generator)
+        want = concatenating.update(keys, values)
+        got = in_place.update(keys, values)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        if step == 2:
+            kept = torch.tensor([0, 2, 3])
+            concatenating.batch_select_indices(kept)
+            in_place.batch_select_indices(kept)
+            batch = len(kept)
+        assert in_place.get_seq_length() == concatenating.get_seq_length()
+
+
+def test_stop_check_skips_only_tokens_that_cannot_end_a_stop_string(engines):
+    _, cached, tokenizer = engines
+    may_end = cached._stop_enders_for(STOPS)
+    assert may_end.shape == (len(tokenizer),)
+    for token_id in range(len(tokenizer)):
+        text = tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert bool(may_end[token_id]) == (">" in text or "\ufffd" in text)
+    assert may_end.any() and not may_end.all()

@@ -29,6 +29,8 @@ class SamplingParams:
     per-turn limit; ``Engine.generate`` may lower it per row. ``stop`` holds the stop strings (the
     protocol's closing tags). ``seed`` makes sampling reproducible for the same prefixes and parameters
     (HFEngine draws a whole call from one generator seeded with it; VLLMEngine seeds row i with seed + i).
+    ``ignore_eos`` keeps generating past EOS tokens, as vLLM's option of that name (benchmarks use it to
+    generate an exact number of tokens).
     """
 
     temperature: float = 1.0
@@ -36,6 +38,7 @@ class SamplingParams:
     max_new_tokens: int = 500
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass

@@ -106,7 +106,8 @@ class HFEngine(Engine):
         config = GenerationConfig(
             max_new_tokens=max(limits),
             do_sample=False,  # _Sampler draws the token; greedy selection then takes it
-            eos_token_id=self.eos_token_ids or None,
+            # An empty list, not None: transformers fills None from the model's generation config.
+            eos_token_id=[] if params.ignore_eos else (self.eos_token_ids or None),
             pad_token_id=self.pad_token_id,
             use_cache=True,
         )
@@ -123,9 +124,10 @@ class HFEngine(Engine):
         new_tokens = output[:, width:].tolist()
         logprobs = torch.stack(sampler.logprobs, dim=1).tolist()
         segments = []
+        eos_ids = () if params.ignore_eos else self.eos_token_ids
         for row, limit in enumerate(limits):
             ids = new_tokens[row][:limit]
-            eos_at = next((k for k, token in enumerate(ids) if token in self.eos_token_ids), None)
+            eos_at = next((k for k, token in enumerate(ids) if token in eos_ids), None)
             if eos_at is not None:
                 ids = ids[: eos_at + 1]
             segments.append(

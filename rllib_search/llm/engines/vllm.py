@@ -81,6 +81,7 @@ class VLLMEngine(Engine):
                 max_tokens=limits[i],
                 stop=list(params.stop),
                 include_stop_str_in_output=True,
+                ignore_eos=params.ignore_eos,
                 skip_special_tokens=False,
                 logprobs=0,
                 seed=None if params.seed is None else params.seed + i,
