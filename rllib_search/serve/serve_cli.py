@@ -89,14 +89,14 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
         address = args.address
     else:
         address = "auto" if _cluster_running() else None
-    if args.high_throughput:
-        if address is not None:
-            print(
-                "[serve] --high-throughput only configures a Ray this command starts; on a running cluster "
-                f"export {' and '.join(f'{k}=1' for k in HIGH_THROUGHPUT_ENV)} before `ray start`",
-                flush=True,
-            )
-        os.environ.update(HIGH_THROUGHPUT_ENV)
+    if args.high_throughput and address is None:
+        os.environ.update(HIGH_THROUGHPUT_ENV)  # inherited by the Ray processes ray.init starts
+    elif args.high_throughput:
+        print(
+            "[serve] --high-throughput only configures a Ray this command starts; on a running cluster "
+            f"export {' and '.join(f'{k}=1' for k in HIGH_THROUGHPUT_ENV)} before `ray start`",
+            flush=True,
+        )
     ray.init(address=address, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_retriever_app(retriever_app_args(args)), name=APP_NAME, route_prefix="/")
