@@ -116,10 +116,9 @@ def test_concurrent_requests_are_batched(service):
     assert all(s["rss_mb"] > 0 for s in after)
 
 
-def test_client_survives_a_killed_replica(service):
-    import ray
-
-    client = RetrieverClient.from_app(timeout_s=20, max_retries=8, backoff_s=0.25)
+def assert_queries_survive_a_kill(client: RetrieverClient, kill) -> None:
+    """Query in a loop, call ``kill()`` (a replica dies) mid-run, and require every query to succeed and
+    queries to go on after the kill."""
     answers, errors = [], []
     stop = threading.Event()
 
@@ -135,19 +134,28 @@ def test_client_survives_a_killed_replica(service):
     thread = threading.Thread(target=query_loop)
     thread.start()
     time.sleep(1.0)
-    replicas = [
-        a
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == "serve" and DEPLOYMENT_NAME in a["name"] and "REPLICA" in a["name"].upper()
-    ]
-    assert replicas, "no replica actor found"
-    ray.kill(ray.get_actor(replicas[0]["name"], namespace="serve"), no_restart=True)
+    kill()
     killed_at = len(answers)
     time.sleep(6.0)
     stop.set()
     thread.join(timeout=120)
     assert not errors
     assert len(answers) > killed_at  # queries went on after the kill
+
+
+def test_client_survives_a_killed_replica(service):
+    import ray
+
+    def kill() -> None:
+        replicas = [
+            a
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "serve" and DEPLOYMENT_NAME in a["name"] and "REPLICA" in a["name"].upper()
+        ]
+        assert replicas, "no replica actor found"
+        ray.kill(ray.get_actor(replicas[0]["name"], namespace="serve"), no_restart=True)
+
+    assert_queries_survive_a_kill(RetrieverClient.from_app(timeout_s=20, max_retries=8, backoff_s=0.25), kill)
 
 
 def test_env_searches_through_the_service_and_counts_failures(service, tiny_tokenizer, world):
@@ -194,10 +202,14 @@ def test_serve_config_yaml_builds_the_app(index_dir):
 
 @pytest.mark.parametrize("high_throughput", [False, True], ids=["proxy", "haproxy"])
 def test_serve_retriever_command(index_dir, tmp_path, high_throughput):
-    """`rllib-search serve retriever` on its own local Ray, answering Search-R1 requests on 127.0.0.1,
-    through Serve's proxy actor or through HAProxy straight to the replica (``--high-throughput``)."""
+    """`rllib-search serve retriever` on its own local Ray with two replicas, answering Search-R1 requests
+    on 127.0.0.1 through Serve's proxy actor or through HAProxy straight to the replicas
+    (``--high-throughput``), and an HTTP client surviving a replica process killed mid-run."""
+    import signal
     import subprocess
     import sys
+
+    import psutil
 
     port = free_port()
     command = [
@@ -214,8 +226,12 @@ def test_serve_retriever_command(index_dir, tmp_path, high_throughput):
         "local",
         "--num-cpus",
         "0.5",
+        "--min-replicas",
+        "2",
+        "--max-replicas",
+        "2",
         "--duration-s",
-        "90",
+        "120",
         *(["--high-throughput"] if high_throughput else []),
     ]
     log = (tmp_path / "serve.log").open("w")
@@ -247,6 +263,19 @@ def test_serve_retriever_command(index_dir, tmp_path, high_throughput):
         while "retriever ready" not in (tmp_path / "serve.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert f"retriever ready ({ingress})" in (tmp_path / "serve.log").read_text()
+
+        def kill() -> None:  # a replica of THIS command's Ray: a descendant of its process
+            replicas = [
+                child
+                for child in psutil.Process(process.pid).children(recursive=True)
+                if "ServeReplica" in " ".join(child.cmdline())
+            ]
+            assert len(replicas) == 2, [" ".join(r.cmdline()) for r in replicas]
+            replicas[0].send_signal(signal.SIGKILL)
+
+        assert_queries_survive_a_kill(
+            RetrieverClient(url=url, timeout_s=20, max_retries=8, backoff_s=0.25), kill
+        )
     finally:
         process.terminate()
         process.wait(timeout=60)
