@@ -307,7 +307,9 @@ def main() -> None:
         from ray import serve
 
         serve.shutdown()
-    best_naive = [max((rows[i] for rows in naive_rows.values()), key=lambda r: r["qps"]) for i in range(3)]
+    best_naive = [
+        max((rows[i] for rows in naive_rows.values()), key=lambda r: r["qps"]) for i in range(len(levels))
+    ]
 
     results = {
         "benchmark": "retriever",

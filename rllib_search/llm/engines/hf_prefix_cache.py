@@ -171,7 +171,7 @@ class PrefixCachingHFEngine(HFEngine):
         next_position = positions[:, -1] + 1
         logits = self._forward(input_ids, attention, positions, cache)
         window = 4 * max((len(stop) for stop in params.stop), default=0) + 1
-        may_end_stop = self._stop_enders_for(params.stop)
+        may_end_stop = self._stop_enders_for(params.stop).tolist()  # a list: indexed per row and step
         active = list(range(batch))
         while active:
             chosen = sampler(None, logits)
@@ -214,7 +214,7 @@ class PrefixCachingHFEngine(HFEngine):
         )
         return out.logits[:, -1, :]
 
-    def _row_done(self, row: _Row, params: SamplingParams, window: int, may_end_stop: torch.Tensor) -> bool:
+    def _row_done(self, row: _Row, params: SamplingParams, window: int, may_end_stop: list[bool]) -> bool:
         last, stops = row.generated[-1], params.stop
         if last in self.eos_token_ids and not params.ignore_eos:
             row.ended_with_eos = True
