@@ -5,8 +5,12 @@ For each model (a tiny Llama trained for a few steps to search, and the bundled 
 - rollout: ``LLMEnvRunner.sample()`` on the synthetic world with an in-process BM25 retriever (search_r1
   protocol, stop strings, up to 3 turns) and its default engine (``PrefixCachingHFEngine``): generated
   tokens / wall time of the whole sample (engine, env parsing, retrieval, observation tokenisation);
-- raw: ``HFEngine.generate`` in ONE call for the same prompts, each row generating exactly the number of
-  tokens its episode generated in total (no stop strings, EOS ignored): generated tokens / wall time;
+- raw: ``HFEngine.generate`` (transformers' ``generate``) in ONE call for the same prompts, each row
+  generating exactly the number of tokens its episode generated in total (no stop strings, EOS ignored):
+  generated tokens / wall time;
+- same-engine raw: the same call through a fresh ``PrefixCachingHFEngine``, the rollout's own engine. It
+  also prefills a prompt shared by G samples once, so this ratio isolates what the turns cost: observations
+  to prefill and attend to, a decode batch that drains at every turn's end, env and retrieval;
 - context-matched raw: the same, but each row starts from its episode's own tokens, cut so that its
   generated tokens attend to as many tokens on average as the episode's did. The rollout's tokens come after
   retrieved observations; for a model as small as the tiny one, attention over them is most of a step's
@@ -38,6 +42,7 @@ from rllib_search.algos.env_runner import LLMEnvRunner
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf import HFEngine
+from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 from rllib_search.serve.bm25 import BM25Retriever
 
@@ -104,8 +109,9 @@ def measure(
     runner = LLMEnvRunner(config=config)
     runner.sample(num_prompts=1)  # warm-up
     engine = HFEngine(runner.module.model, runner.tokenizer)
+    same_engine = PrefixCachingHFEngine(runner.module.model, runner.tokenizer)
     # Rollout and raw calls alternate, each repeat on the next questions; medians absorb a shared machine.
-    runs = [measure_once(runner, engine) for _ in range(repeats)]
+    runs = [measure_once(runner, engine, same_engine) for _ in range(repeats)]
     summary = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
     summary["repeats"] = repeats
     summary["rollout_vs_raw_ratios"] = [run["rollout_vs_raw_tokens_per_s_ratio"] for run in runs]
@@ -113,8 +119,10 @@ def measure(
     return summary
 
 
-def measure_once(runner: LLMEnvRunner, engine: HFEngine) -> dict[str, float]:
-    """One rollout sample, then the raw and the context-matched raw calls for its episodes."""
+def measure_once(
+    runner: LLMEnvRunner, engine: HFEngine, same_engine: PrefixCachingHFEngine
+) -> dict[str, float]:
+    """One rollout sample, then the raw, same-engine raw and context-matched raw calls for its episodes."""
     started = time.perf_counter()
     rollouts = runner.sample()
     rollout_s = time.perf_counter() - started
@@ -126,6 +134,11 @@ def measure_once(runner: LLMEnvRunner, engine: HFEngine) -> dict[str, float]:
         engine, [r.token_ids[: r.prompt_length].tolist() for r in rollouts], limits
     )
     raw_tokens = sum(len(s.token_ids) for s in segments)
+    same_engine.reset_cache()
+    same, same_s = raw_generate(
+        same_engine, [r.token_ids[: r.prompt_length].tolist() for r in rollouts], limits
+    )
+    same_tokens = sum(len(s.token_ids) for s in same)
     # Context-matched: each row starts from its own episode's tokens, cut so that its generated tokens
     # attend to as many tokens on average as the episode's did (prefix + (count - 1) / 2 = that mean).
     starts = [
@@ -146,6 +159,8 @@ def measure_once(runner: LLMEnvRunner, engine: HFEngine) -> dict[str, float]:
         "raw_seconds": raw_s,
         "raw_tokens_per_s": raw_tps,
         "rollout_vs_raw_tokens_per_s_ratio": rollout_tps / raw_tps,
+        "same_engine_raw_tokens_per_s": same_tokens / same_s,
+        "rollout_vs_same_engine_raw_tokens_per_s_ratio": rollout_tps / (same_tokens / same_s),
         "rollout_mean_context_tokens": mean(p for r in rollouts for p in generated_positions(r)),
         "raw_mean_context_tokens": mean(
             r.prompt_length + k for r, seg in zip(rollouts, segments) for k in range(len(seg.token_ids))
@@ -191,7 +206,11 @@ def main() -> None:
             results[name] = measure(model, world, prompts, group, turn_tokens, repeats=2 if args.quick else 3)
             print(f"[bench] {name}: {json.dumps(results[name])}", flush=True)
     models = [results[name] for name in ("tiny", "smollm2-135m-instruct")]
-    for key in ("rollout_vs_raw_tokens_per_s_ratio", "rollout_vs_context_matched_raw_tokens_per_s_ratio"):
+    for key in (
+        "rollout_vs_raw_tokens_per_s_ratio",
+        "rollout_vs_same_engine_raw_tokens_per_s_ratio",
+        "rollout_vs_context_matched_raw_tokens_per_s_ratio",
+    ):
         results[key] = min(m[key] for m in models)
     results["tokens_generated_after_stop"] = sum(m["tokens_generated_after_stop"] for m in models)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from rllib_search.data.records import QARecord
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
+from tests.helpers import build_tiny_sliding_window_lm
 
 pytestmark = pytest.mark.slow
 
@@ -136,6 +137,18 @@ def test_group_ids_are_unique_across_data_sources(tiny_model_dir, retriever):
     sizes = {g: sum(r.group_id == g for r in first + second) for g in groups}
     assert set(sizes.values()) == {2}
     assert {r.data_source for r in first} == {"nq", "hotpotqa"}
+
+
+def test_a_model_with_sliding_window_layers_rolls_out_on_the_plain_engine(tmp_path, world, retriever):
+    """Gemma-3's sliding-window layers keep only their window: the runner picks HFEngine, which reads each
+    whole prefix, instead of the prefix-caching engine."""
+    from rllib_search.llm.engines.hf import HFEngine
+
+    model_dir = build_tiny_sliding_window_lm(tmp_path / "gemma", build_tiny_tokenizer(tmp_path / "tok"))
+    runner = LLMEnvRunner(config=make_config(model_dir, world.train, retriever, max_turn_tokens=6))
+    assert type(runner.engine) is HFEngine
+    rollouts = runner.sample()
+    assert len(rollouts) == 6 and all(r.num_generated_tokens > 0 for r in rollouts)
 
 
 def test_weight_sync_changes_the_engine_and_the_version(tiny_model_dir, world, retriever):

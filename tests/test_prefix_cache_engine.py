@@ -126,3 +126,88 @@ def test_stop_check_skips_only_tokens_that_cannot_end_a_stop_string(engines):
         text = tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         assert bool(may_end[token_id]) == (">" in text or "\ufffd" in text)
     assert may_end.any() and not may_end.all()
+
+
+def forward_logprobs(model, prefix: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """Log-probabilities of ``tokens`` after ``prefix`` from one forward pass of the unpadded sequence."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prefix + tokens])).logits[0, len(prefix) - 1 : -1].float()
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_grouped_samples_uneven_rows_and_split_prefills_decode_each_row_as_alone(engines, temperature):
+    """Eight rows, G=4 samples of two prompts, with uneven limits and observations from 1 to ~40 tokens:
+    the shared prompts are prefilled once, new tokens go through several prefill passes (a small token
+    budget splits them further), finished rows wait in the batch and leave it in groups with the leading
+    padding. Every row's tokens and log-probs are those of its own sequence: HFEngine's under greedy
+    decoding, a forward pass's of the unpadded sequence under sampling."""
+    plain, cached, tokenizer = engines
+    cached.reset_cache()
+    cached.prefill_tokens = 96
+    prefixes = [chat(tokenizer, QUESTIONS[0])] * 4 + [chat(tokenizer, QUESTIONS[2])] * 4
+    params = SamplingParams(temperature=temperature, max_new_tokens=40, stop=STOPS, seed=5)
+    observations = [
+        "",
+        " no",
+        "\n\n<information>Doc 1(Title: B) a much longer passage about things</information>",
+    ]
+    try:
+        for turn in range(3):
+            limits = [(3 * row + 5 * turn) % 17 + 2 for row in range(len(prefixes))]
+            got = cached.generate(prefixes, params, limits)
+            if temperature == 0.0:
+                expected = plain.generate(prefixes, params, limits)
+                assert [s.token_ids for s in got] == [s.token_ids for s in expected]
+                assert [s.finish_reason for s in got] == [s.finish_reason for s in expected]
+            for prefix, segment in zip(prefixes, got):
+                assert 0 < len(segment.token_ids) == len(segment.logprobs)
+                torch.testing.assert_close(
+                    segment.logprobs,
+                    forward_logprobs(cached.model, prefix, segment.token_ids, temperature),
+                    atol=1e-4,
+                    rtol=0,
+                )
+            prefixes = [
+                p + s.token_ids + tokenizer.encode(observations[(row + turn) % 3])
+                if (row + turn) % 3
+                else p + s.token_ids
+                for row, (p, s) in enumerate(zip(prefixes, got))
+            ]
+    finally:
+        cached.prefill_tokens = PrefixCachingHFEngine(cached.model, tokenizer).prefill_tokens
+
+
+def test_a_prompt_shared_by_its_samples_is_fed_once(engines):
+    _, cached, tokenizer = engines
+    cached.reset_cache()
+    prompt = chat(tokenizer, QUESTIONS[1])
+    fed_before = cached.fed_tokens
+    segments = cached.generate([prompt] * 4, SamplingParams(temperature=1.0, max_new_tokens=1, seed=0))
+    assert all(len(s.token_ids) == 1 for s in segments)
+    assert cached.fed_tokens - fed_before == len(prompt)  # one prefill; the token came from its logits
+
+
+def test_prefill_passes_group_similar_new_token_counts(engines):
+    _, cached, _ = engines
+    budget = cached.prefill_tokens
+    try:
+        # Longest first; a new pass when a prefix has less than half the pass's width to feed.
+        assert cached._prefill_passes([1, 200, 31, 199, 1, 1]) == [[1, 3], [2], [0, 4, 5]]
+        cached.prefill_tokens = 400  # at most two 200-token rows a pass
+        assert cached._prefill_passes([200, 200, 200, 150]) == [[0, 1], [2, 3]]
+    finally:
+        cached.prefill_tokens = budget
+
+
+def test_models_with_sliding_window_layers_are_refused(tmp_path):
+    from rllib_search.llm.tiny import build_tiny_tokenizer
+    from tests.helpers import build_tiny_sliding_window_lm
+
+    model, tokenizer = load_causal_lm(
+        str(build_tiny_sliding_window_lm(tmp_path / "gemma", build_tiny_tokenizer(tmp_path / "tok")))
+    )
+    assert not PrefixCachingHFEngine.supports(model)
+    with pytest.raises(ValueError, match="sliding-window"):
+        PrefixCachingHFEngine(model, tokenizer)

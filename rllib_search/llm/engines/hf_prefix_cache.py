@@ -8,10 +8,16 @@ already stopped until the last row stops. This engine runs its own decode loop i
 - after a call, it keeps each row's keys and values (prefix + kept tokens but the last); the next call finds
   the longest kept sequence that prefixes a new prefix and feeds only the tokens after it (the last sampled
   token and the observation the env appended);
-- the rows' caches have different lengths: they are left-padded into one batch cache, the new tokens are
-  left-padded after it, an attention mask hides both paddings and explicit position ids keep every row's
-  positions contiguous, so a row's logits are those of its unpadded sequence;
-- a row leaves the batch (its cache is kept) as soon as it reaches its limit, EOS or a stop string;
+- the uncovered tokens are prefilled first, rows with the same prefix once (a prompt's G samples), the
+  distinct prefixes in passes of similar new-token counts (a row continuing with one token is not padded
+  to another's 200-token observation); within a pass the rows' kept caches are left-padded into one batch
+  cache, the new tokens are left-padded after it, an attention mask hides both paddings and explicit
+  position ids keep every row's positions contiguous, so a row's logits are those of its unpadded
+  sequence;
+- the decode batch then holds every row's whole prefix, left-padded; a row that reaches its limit, EOS or
+  a stop string stops generating (its cache is kept) and waits in the batch until a quarter of the batch
+  has stopped, when the rest is copied into a smaller batch without the columns that only pad it
+  (compacting at every stop copied the whole cache each time: 10% of a tiny model's rollout);
 - keys and values are appended in place into buffers with room for the call's tokens
   (:class:`_AppendInPlaceLayer`): transformers' ``DynamicCache`` concatenates, copying the whole cache
   at every step (13% of a tiny model's rollout, growing with the context);
@@ -20,7 +26,8 @@ already stopped until the last row stops. This engine runs its own decode loop i
 - the stop-string check decodes a row's last tokens only after a token whose text holds a stop string's
   last character (or a partial UTF-8 byte): other tokens cannot complete a stop string.
 
-All rows of a call share one decode batch (``max_batch_size`` is not used here). Only the caches made by the
+All rows of a call share one decode batch (``max_batch_size`` is not used here; ``prefill_tokens`` bounds
+a prefill pass). Only the caches made by the
 latest call are kept: in a lock-step rollout every next prefix extends one of
 them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed with the old weights.
 Sampling, log-probs, stop strings and EOS follow :class:`~rllib_search.llm.engines.base.Segment` exactly as
@@ -86,9 +93,15 @@ class _AppendInPlaceLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.keep_rows(indices, start=0)
+
+    def keep_rows(self, indices: torch.Tensor, start: int) -> None:
+        """Keep only the rows ``indices`` and the positions from ``start`` on (earlier ones pad every kept
+        row); copies only what is kept, spare room included."""
         if self._key_buffer is not None:
-            used = self.get_seq_length()
-            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+            used = self.get_seq_length() - start
+            self._key_buffer = self._key_buffer[:, :, start:].index_select(0, indices)
+            self._value_buffer = self._value_buffer[:, :, start:].index_select(0, indices)
             self._expose(used)
 
     def _expose(self, used: int) -> None:
@@ -97,18 +110,36 @@ class _AppendInPlaceLayer(DynamicLayer):
 
 
 class PrefixCachingHFEngine(HFEngine):
-    """An :class:`HFEngine` that reuses each episode's KV cache across turns (see the module docstring)."""
+    """An :class:`HFEngine` that reuses each episode's KV cache across turns (see the module docstring).
 
-    def __init__(self, *args, **kwargs) -> None:
+    ``prefill_tokens`` bounds the (padded) tokens of one prefill forward pass: a call's new tokens are fed
+    in several passes when they exceed it. Models with sliding-window layers are not supported
+    (:meth:`supports` tells): their caches do not keep every position.
+    """
+
+    def __init__(self, *args, prefill_tokens: int = 16384, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if not self.supports(self.model):
+            raise ValueError(
+                "PrefixCachingHFEngine needs a model whose layers all use full attention "
+                "(this one has sliding-window layers); use HFEngine (engine_options={'prefix_cache': False})"
+            )
+        self.prefill_tokens = prefill_tokens
         self._caches: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.cached_tokens = 0  # tokens whose keys and values were reused instead of recomputed
-        self.fed_tokens = 0  # tokens fed through the model (prefill of uncached tokens + decoding)
+        # Tokens fed through the model: prefill of uncached tokens + decoding (padding and finished rows
+        # waiting in the batch not counted).
+        self.fed_tokens = 0
         self._stop_enders: dict[tuple[str, ...], torch.Tensor] = {}
         # Project only the last position onto the vocabulary, prefill included, where the model allows it.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         accepts = "logits_to_keep" in inspect.signature(base.forward).parameters
         self._forward_options = {"logits_to_keep": 1} if accepts else {}
+
+    @staticmethod
+    def supports(model) -> bool:
+        """Whether every layer of ``model`` keeps a full-attention cache (no sliding window)."""
+        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
 
     def reset_cache(self) -> None:
         self._caches = {}
@@ -150,56 +181,122 @@ class PrefixCachingHFEngine(HFEngine):
             )
         return segments
 
+    # --- prefill: the tokens no kept cache covers -------------------------------------------------------
+    def _prefill(self, rows: list[_Row]) -> tuple[list[list], torch.Tensor]:
+        """Feed each row's uncovered tokens; return each row's keys and values over its whole prefix and
+        the logits of its last position (one row per ``rows``).
+
+        Rows with the same prefix (a prompt's G samples) are fed once. The distinct prefixes go through the
+        model in passes of similar new-token counts (longest first), so that a row continuing with one
+        token is not padded to another's 200-token observation, each pass at most ``prefill_tokens``
+        padded tokens wide.
+        """
+        distinct: dict[tuple[int, ...], int] = {}
+        for row in rows:
+            distinct.setdefault(tuple(row.prefix), len(distinct))
+        prefixes = list(distinct)
+        cached = [self._longest_cached(list(prefix)) for prefix in prefixes]
+        new_counts = [len(prefix) - len(key) for prefix, (key, _) in zip(prefixes, cached)]
+        self.cached_tokens += sum(len(key) for key, _ in cached)
+        self.fed_tokens += sum(new_counts)
+        layers: list[list] = [[] for _ in prefixes]
+        logits: list[torch.Tensor | None] = [None] * len(prefixes)
+        for group in self._prefill_passes(new_counts):
+            group_cached = [cached[i] for i in group]
+            past_len = max(len(key) for key, _ in group_cached)
+            width = max(new_counts[i] for i in group)
+            input_ids = torch.full((len(group), width), self.pad_token_id, dtype=torch.long)
+            attention = torch.zeros((len(group), past_len + width), dtype=torch.long)
+            positions = torch.zeros((len(group), width), dtype=torch.long)
+            for b, i in enumerate(group):
+                key, new = cached[i][0], prefixes[i][len(cached[i][0]) :]
+                input_ids[b, width - len(new) :] = torch.tensor(new)
+                attention[b, past_len - len(key) : past_len] = 1
+                attention[b, past_len + width - len(new) :] = 1
+                positions[b, width - len(new) :] = torch.arange(len(key), len(prefixes[i]))
+            cache = self._batch_cache(
+                [layers_ for _, layers_ in group_cached],
+                [len(key) for key, _ in group_cached],
+                past_len,
+                width,
+            )
+            group_logits = self._forward(input_ids, attention, positions, cache)
+            for b, i in enumerate(group):
+                real = attention[b].nonzero().squeeze(1).to(self.device)
+                # Indexing with a tensor copies: the row's keys and values, unpadded, in order.
+                layers[i] = [
+                    (layer.keys[b : b + 1, :, real], layer.values[b : b + 1, :, real])
+                    for layer in cache.layers
+                ]
+                logits[i] = group_logits[b]
+        order = [distinct[tuple(row.prefix)] for row in rows]
+        return [layers[i] for i in order], torch.stack([logits[i] for i in order])
+
+    def _prefill_passes(self, new_counts: list[int]) -> list[list[int]]:
+        """Group prefixes (indices into ``new_counts``) into forward passes: longest first, a new pass when
+        a prefix has less than half the pass's width to feed or the pass would exceed ``prefill_tokens``."""
+        passes: list[list[int]] = []
+        width = 0
+        for i in sorted(range(len(new_counts)), key=lambda i: -new_counts[i]):
+            if not passes or 2 * new_counts[i] < width or (len(passes[-1]) + 1) * width > self.prefill_tokens:
+                passes.append([])
+                width = new_counts[i]
+            passes[-1].append(i)
+        return passes
+
     # --- the decode loop ------------------------------------------------------------------------------
     def _decode(self, rows: list[_Row], params: SamplingParams, sampler: _Sampler, new_caches: dict) -> None:
-        cached = [self._longest_cached(row.prefix) for row in rows]
-        suffixes = [row.prefix[len(key) :] for row, (key, _) in zip(rows, cached)]
-        past_len = max(len(key) for key, _ in cached)
-        width = max(len(s) for s in suffixes)
-        batch = len(rows)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((batch, past_len + width), dtype=torch.long)
-        positions = torch.zeros((batch, width), dtype=torch.long)
-        for b, ((key, _), suffix) in enumerate(zip(cached, suffixes)):
-            input_ids[b, width - len(suffix) :] = torch.tensor(suffix)
-            attention[b, past_len - len(key) : past_len] = 1
-            attention[b, past_len + width - len(suffix) :] = 1
-            positions[b, width - len(suffix) :] = torch.arange(len(key), len(key) + len(suffix))
-        self.cached_tokens += sum(len(key) for key, _ in cached)
-        self.fed_tokens += sum(len(s) for s in suffixes)
-        cache = self._batch_cache(cached, past_len, room=width + max(row.limit for row in rows))
-        next_position = positions[:, -1] + 1
-        logits = self._forward(input_ids, attention, positions, cache)
+        row_layers, logits = self._prefill(rows)
+        lengths = [len(row.prefix) for row in rows]
+        past_len, batch = max(lengths), len(rows)
+        cache = self._batch_cache(row_layers, lengths, past_len, room=max(row.limit for row in rows))
+        del row_layers
+        attention = torch.zeros((batch, past_len), dtype=torch.long)
+        for b, length in enumerate(lengths):
+            attention[b, past_len - length :] = 1
+        next_position = torch.tensor(lengths)
         window = 4 * max((len(stop) for stop in params.stop), default=0) + 1
         may_end_stop = self._stop_enders_for(params.stop).tolist()  # a list: indexed per row and step
-        active = list(range(batch))
-        while active:
+        slot_rows = list(range(batch))  # the row in each slot of the batch
+        live = list(range(batch))  # the slots still generating; finished rows leave the batch in groups
+        while True:
+            if len(live) < len(slot_rows):
+                logits = logits[torch.tensor(live, device=logits.device)]
             chosen = sampler(None, logits)
             tokens = chosen.argmax(dim=-1).tolist()
             step_logprobs = sampler.logprobs.pop().tolist()
             still = []
-            for slot, b in enumerate(active):
-                row = rows[b]
-                row.generated.append(tokens[slot])
-                row.logprobs.append(step_logprobs[slot])
+            for token, logprob, slot in zip(tokens, step_logprobs, live):
+                row = rows[slot_rows[slot]]
+                row.generated.append(token)
+                row.logprobs.append(logprob)
                 if self._row_done(row, params, window, may_end_stop):
                     new_caches[tuple(row.prefix + row.generated[:-1])] = self._row_cache(
                         cache, attention, slot
                     )
                 else:
-                    still.append(slot)
+                    still.append((slot, token))
             if not still:
                 break
-            if len(still) < len(active):  # compact: finished rows leave the batch
-                keep = torch.tensor(still)
-                cache.batch_select_indices(keep.to(self.device))
+            live = [slot for slot, _ in still]
+            if 4 * (len(slot_rows) - len(live)) >= len(slot_rows):
+                # A quarter of the batch has finished: copy the rest into a smaller batch. Finished rows stay
+                # (fed a token, their outputs unused) until then: compacting at every finish copied the
+                # whole cache each time (10% of a tiny model's rollout).
+                keep = torch.tensor(live)
                 attention, next_position = attention[keep], next_position[keep]
-            attention = torch.cat([attention, torch.ones((len(still), 1), dtype=torch.long)], dim=1)
-            feed = torch.tensor([[tokens[slot]] for slot in still])
-            self.fed_tokens += len(still)
+                start = int(attention.any(dim=0).int().argmax())  # columns before it pad every kept row
+                attention = attention[:, start:]
+                for layer in cache.layers:
+                    layer.keep_rows(keep.to(self.device), start)
+                slot_rows = [slot_rows[slot] for slot in live]
+                live = list(range(len(live)))
+            feed = torch.full((len(slot_rows), 1), self.pad_token_id, dtype=torch.long)
+            feed[live, 0] = torch.tensor([token for _, token in still])
+            attention = torch.cat([attention, torch.ones((len(slot_rows), 1), dtype=torch.long)], dim=1)
+            self.fed_tokens += len(live)
             logits = self._forward(feed, attention, next_position[:, None], cache)
             next_position = next_position + 1
-            active = [active[slot] for slot in still]
 
     def _forward(
         self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
@@ -251,40 +348,33 @@ class PrefixCachingHFEngine(HFEngine):
         return best
 
     def _batch_cache(
-        self, cached: list[tuple[tuple[int, ...], list]], past_len: int, room: int
+        self, row_layers: list[list], lengths: list[int], past_len: int, room: int
     ) -> DynamicCache:
-        """The rows' kept caches, left-padded to ``past_len`` into one batch cache with ``room`` free
-        positions for this call's tokens (empty without any kept cache)."""
+        """Rows' keys and values (``lengths[b]`` positions each, none for an empty list), left-padded to
+        ``past_len`` into one batch cache with ``room`` free positions for this call's tokens."""
         cache = DynamicCache(config=self.model.config)
-        for index, layer in enumerate(cache.layers):
-            if type(layer) is DynamicLayer:  # full attention; sliding-window layers keep their own update
-                cache.layers[index] = _AppendInPlaceLayer(spare=room)
+        cache.layers = [_AppendInPlaceLayer(spare=room) for _ in cache.layers]
         if past_len == 0:
             return cache
-        reference = next(layers for key, layers in cached if key)
+        reference = next(layers for layers in row_layers if layers)
         for index, (ref_k, _) in enumerate(reference):
-            layer = cache.layers[index]
-            capacity = past_len + (room if isinstance(layer, _AppendInPlaceLayer) else 0)
-            shape = (len(cached), ref_k.shape[1], capacity, ref_k.shape[3])
+            shape = (len(row_layers), ref_k.shape[1], past_len + room, ref_k.shape[3])
             keys = torch.zeros(shape, dtype=ref_k.dtype, device=ref_k.device)
             values = torch.zeros_like(keys)
-            for b, (key, row_layers) in enumerate(cached):
-                if key:
-                    keys[b, :, past_len - len(key) : past_len] = row_layers[index][0][0]
-                    values[b, :, past_len - len(key) : past_len] = row_layers[index][1][0]
-            if isinstance(layer, _AppendInPlaceLayer):
-                layer.hold(keys, values, used=past_len)
-            else:
-                layer.update(keys, values)
+            for b, (layers, length) in enumerate(zip(row_layers, lengths)):
+                if length:
+                    keys[b, :, past_len - length : past_len] = layers[index][0][0]
+                    values[b, :, past_len - length : past_len] = layers[index][1][0]
+            cache.layers[index].hold(keys, values, used=past_len)
         return cache
 
     @staticmethod
     def _row_cache(
         cache: DynamicCache, attention: torch.Tensor, slot: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One row's keys and values at its unpadded positions, in order."""
-        real = attention[slot].nonzero().squeeze(1).to(cache.layers[0].keys.device)
+        """A decoding row's keys and values: its positions after its left padding (a copy)."""
+        start = int(attention[slot].argmax())  # the row's first real position: the rest are real too
         return [
-            (layer.keys[slot : slot + 1, :, real].clone(), layer.values[slot : slot + 1, :, real].clone())
+            (layer.keys[slot : slot + 1, :, start:].clone(), layer.values[slot : slot + 1, :, start:].clone())
             for layer in cache.layers
         ]
