@@ -17,11 +17,13 @@ For each model (a tiny Llama trained for a few steps to search, and the bundled 
   cost, which the plain raw call does not pay.
 
 Each figure is the median of 3 alternating repeats (2 with ``--quick``), each on the next questions.
+Episodes come in groups of ``--group-size`` samples a question (default 4, as GRPO; 1 as PPO: then no
+prompt is shared, and the results go to ``rollout_g1.json``).
 Also counted: tokens kept after a stop tag in any rollout segment (must be 0), and the mean context each
 generated token attends to in each. Prints a final JSON line and writes ``benchmarks/results/rollout.json``;
 ``--quick`` runs in under 3 minutes.
 
-    OMP_NUM_THREADS=1 python benchmarks/rollout_bench.py [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/rollout_bench.py [--quick] [--group-size G]
 """
 
 from __future__ import annotations
@@ -179,31 +181,38 @@ def measure_once(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer episodes (< 3 minutes)")
+    parser.add_argument(
+        "--group-size", type=int, default=4, help="samples a question (episodes stay the same)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     world = generate_world(SyntheticWorldConfig(num_passages=500, num_train=64, num_test=8))
     results: dict[str, object] = {
         "benchmark": "rollout",
         "quick": args.quick,
+        "group_size": args.group_size,
         "torch_threads": torch.get_num_threads(),
     }
+    group = args.group_size
     with tempfile.TemporaryDirectory() as tmp:
         tiny = searching_tiny_model(Path(tmp), [r.question for r in world.train[:8]])
         runs = {
-            "tiny": (str(tiny), 8 if args.quick else 16, 4, 40),
+            "tiny": (str(tiny), (32 if args.quick else 64) // group, group, 40),
             "smollm2-135m-instruct": (
                 "smollm2-135m-instruct",
-                2 if args.quick else 4,
-                4,
+                (8 if args.quick else 16) // group,
+                group,
                 24 if args.quick else 48,
             ),
         }
-        for name, (model, prompts, group, turn_tokens) in runs.items():
+        for name, (model, prompts, samples, turn_tokens) in runs.items():
             print(
-                f"[bench] {name}: {prompts} prompts x {group} samples, {turn_tokens} tokens a turn",
+                f"[bench] {name}: {prompts} prompts x {samples} samples, {turn_tokens} tokens a turn",
                 flush=True,
             )
-            results[name] = measure(model, world, prompts, group, turn_tokens, repeats=2 if args.quick else 3)
+            results[name] = measure(
+                model, world, prompts, samples, turn_tokens, repeats=2 if args.quick else 3
+            )
             print(f"[bench] {name}: {json.dumps(results[name])}", flush=True)
     models = [results[name] for name in ("tiny", "smollm2-135m-instruct")]
     for key in (
@@ -214,7 +223,8 @@ def main() -> None:
         results[key] = min(m[key] for m in models)
     results["tokens_generated_after_stop"] = sum(m["tokens_generated_after_stop"] for m in models)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "rollout.json").write_text(json.dumps(results, indent=2))
+    out_name = "rollout.json" if group == 4 else f"rollout_g{group}.json"
+    (RESULTS / out_name).write_text(json.dumps(results, indent=2))
     print(json.dumps(results))
 
 

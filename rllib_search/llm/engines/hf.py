@@ -172,6 +172,13 @@ class _Sampler(LogitsProcessor):
         self.logprobs: list[torch.Tensor] = []  # one (batch,) tensor per step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        tokens, logprobs = self.draw(scores)
+        self.logprobs.append(logprobs)
+        chosen = torch.full_like(scores, float("-inf"))
+        return chosen.scatter_(1, tokens[:, None], 0.0)
+
+    def draw(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's token drawn from ``scores`` (batch, vocab) and its log-probability."""
         logits = scores.float()
         if self.temperature == 0:
             logp = torch.log_softmax(logits, dim=-1)
@@ -181,9 +188,7 @@ class _Sampler(LogitsProcessor):
             if self.top_p < 1.0:
                 logp = _nucleus(logp, self.top_p)
             tokens = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
-        self.logprobs.append(logp.gather(1, tokens[:, None]).squeeze(1))
-        chosen = torch.full_like(scores, float("-inf"))
-        return chosen.scatter_(1, tokens[:, None], 0.0)
+        return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
 def _nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -262,9 +262,8 @@ class PrefixCachingHFEngine(HFEngine):
         while True:
             if len(live) < len(slot_rows):
                 logits = logits[torch.tensor(live, device=logits.device)]
-            chosen = sampler(None, logits)
-            tokens = chosen.argmax(dim=-1).tolist()
-            step_logprobs = sampler.logprobs.pop().tolist()
+            drawn, drawn_logprobs = sampler.draw(logits)
+            tokens, step_logprobs = drawn.tolist(), drawn_logprobs.tolist()
             still = []
             for token, logprob, slot in zip(tokens, step_logprobs, live):
                 row = rows[slot_rows[slot]]
