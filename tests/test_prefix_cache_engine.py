@@ -211,3 +211,31 @@ def test_models_with_sliding_window_layers_are_refused(tmp_path):
     assert not PrefixCachingHFEngine.supports(model)
     with pytest.raises(ValueError, match="sliding-window"):
         PrefixCachingHFEngine(model, tokenizer)
+
+
+def test_kept_caches_find_the_longest_proper_prefix():
+    from rllib_search.llm.engines.hf_prefix_cache import _KeptCaches
+
+    kept = _KeptCaches()
+    kept.replace({(1, 2, 3): ["a"], (1, 2, 3, 4, 5): ["b"], (1, 2, 9, 4, 5, 6): ["c"], (7,): ["d"]})
+    assert kept.longest_prefix_of([1, 2, 3, 4, 5, 6, 7]) == ((1, 2, 3, 4, 5), ["b"])
+    assert kept.longest_prefix_of([1, 2, 3, 4]) == ((1, 2, 3), ["a"])
+    assert kept.longest_prefix_of([1, 2, 3, 4, 5]) == ((1, 2, 3), ["a"])  # proper prefixes only
+    assert kept.longest_prefix_of([1, 2, 9, 4, 5, 7]) == ((), [])  # same length as "c", not its tokens
+    assert kept.longest_prefix_of([7]) == ((), [])
+    assert kept.longest_prefix_of([8, 1, 2, 3, 4]) == ((), [])
+    kept.replace({})
+    assert kept.longest_prefix_of([1, 2, 3, 4, 5, 6]) == ((), [])
+
+
+def test_kept_caches_never_return_a_colliding_sequence():
+    """With every weight 0, every prefix hashes alike: a hit must still be checked token by token."""
+    from rllib_search.llm.engines.hf_prefix_cache import _KeptCaches
+
+    kept = _KeptCaches()
+    kept.prefix_hashes(list(range(64)))  # grow the weights, then zero them
+    kept._weights[:] = 0
+    kept.replace({(5, 6, 7): ["x"]})
+    assert kept.longest_prefix_of([5, 6, 8, 9]) == ((), [])
+    assert kept.longest_prefix_of([1, 2]) == ((), [])
+    assert kept.longest_prefix_of([5, 6, 7, 9]) == ((5, 6, 7), ["x"])
