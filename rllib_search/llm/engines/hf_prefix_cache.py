@@ -6,8 +6,8 @@ A rollout calls ``generate`` once per turn with every active episode's whole tok
 already stopped until the last row stops. This engine runs its own decode loop instead:
 
 - after a call, it keeps each row's keys and values (prefix + kept tokens but the last); the next call finds
-  the longest kept sequence that prefixes a new prefix and feeds only the tokens after it (the last sampled
-  token and the observation the env appended);
+  the longest kept sequence that prefixes a new prefix (by prefix hashes, :class:`_KeptCaches`) and feeds
+  only the tokens after it (the last sampled token and the observation the env appended);
 - the uncovered tokens are prefilled first, rows with the same prefix once (a prompt's G samples), the
   distinct prefixes in passes of similar new-token counts (a row continuing with one token is not padded
   to another's 200-token observation); within a pass the rows' kept caches are left-padded into one batch
@@ -27,9 +27,8 @@ already stopped until the last row stops. This engine runs its own decode loop i
   last character (or a partial UTF-8 byte): other tokens cannot complete a stop string.
 
 All rows of a call share one decode batch (``max_batch_size`` is not used here; ``prefill_tokens`` bounds
-a prefill pass). Only the caches made by the
-latest call are kept: in a lock-step rollout every next prefix extends one of
-them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed with the old weights.
+a prefill pass). Only the caches made by the latest call are kept: in a lock-step rollout every next
+prefix extends one of them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed with the old weights.
 Sampling, log-probs, stop strings and EOS follow :class:`~rllib_search.llm.engines.base.Segment` exactly as
 ``HFEngine`` does (same sampler and ``finish_segment``).
 """
