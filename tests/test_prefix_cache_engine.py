@@ -239,3 +239,23 @@ def test_kept_caches_never_return_a_colliding_sequence():
     assert kept.longest_prefix_of([5, 6, 8, 9]) == ((), [])
     assert kept.longest_prefix_of([1, 2]) == ((), [])
     assert kept.longest_prefix_of([5, 6, 7, 9]) == ((5, 6, 7), ["x"])
+
+
+def test_batch_cache_pads_with_zeros_even_over_dirty_memory(engines, monkeypatch):
+    """The batch cache's buffers are allocated uninitialised: the left padding must still read 0 (attention
+    masks it but multiplies it by 0, and 0 x NaN is NaN); each row's keys and values sit right-aligned."""
+    _, cached, _ = engines
+    generator = torch.Generator().manual_seed(0)
+    rows = [
+        [(torch.randn(1, 2, n, 32, generator=generator), torch.randn(1, 2, n, 32, generator=generator))] * 2
+        for n in (5, 2)
+    ]
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: torch.full(a[0], float("nan"), **k))
+    monkeypatch.setattr(torch, "empty_like", lambda t: torch.full_like(t, float("nan")))
+    cache = cached._batch_cache(rows, [5, 2], past_len=5, room=3)
+    for index, layer in enumerate(cache.layers):
+        assert layer.keys.shape == (2, 2, 5, 32) and not layer.keys.isnan().any()
+        assert not layer.values.isnan().any()
+        torch.testing.assert_close(layer.keys[0:1], rows[0][index][0], rtol=0, atol=0)
+        torch.testing.assert_close(layer.values[1:2, :, 3:], rows[1][index][1], rtol=0, atol=0)
+        assert (layer.keys[1, :, :3] == 0).all() and (layer.values[1, :, :3] == 0).all()

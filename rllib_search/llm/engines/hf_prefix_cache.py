@@ -28,9 +28,10 @@ already stopped until the last row stops. This engine runs its own decode loop i
 
 All rows of a call share one decode batch (``max_batch_size`` is not used here; ``prefill_tokens`` bounds
 a prefill pass). Only the caches made by the latest call are kept: in a lock-step rollout every next
-prefix extends one of them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed with the old weights.
-Sampling, log-probs, stop strings and EOS follow :class:`~rllib_search.llm.engines.base.Segment` exactly as
-``HFEngine`` does (same sampler and ``finish_segment``).
+prefix extends one of them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed
+with the old weights. Sampling, log-probs, stop strings and EOS follow
+:class:`~rllib_search.llm.engines.base.Segment` exactly as ``HFEngine`` does (same sampler and
+``finish_segment``).
 """
 
 from __future__ import annotations
@@ -394,9 +395,13 @@ class PrefixCachingHFEngine(HFEngine):
         reference = next(layers for layers in row_layers if layers)
         for index, (ref_k, _) in enumerate(reference):
             shape = (len(row_layers), ref_k.shape[1], past_len + room, ref_k.shape[3])
-            keys = torch.zeros(shape, dtype=ref_k.dtype, device=ref_k.device)
-            values = torch.zeros_like(keys)
+            # Uninitialised but for the left padding, which attention masks out yet multiplies by 0: it must
+            # not hold NaN. The room after ``past_len`` is written before attention reads it.
+            keys = torch.empty(shape, dtype=ref_k.dtype, device=ref_k.device)
+            values = torch.empty_like(keys)
             for b, (layers, length) in enumerate(zip(row_layers, lengths)):
+                keys[b, :, : past_len - length] = 0
+                values[b, :, : past_len - length] = 0
                 if length:
                     keys[b, :, past_len - length : past_len] = layers[index][0][0]
                     values[b, :, past_len - length : past_len] = layers[index][1][0]
