@@ -114,11 +114,12 @@ class _KeptCaches:
     """Token sequences with their per-layer keys and values, and a lookup of the longest one that is a
     proper prefix of a given sequence in O(length + kept) numpy work.
 
-    Comparing a prefix against every kept sequence costs rows x kept x length: 2,560 rows of 2,000
-    tokens (Search-R1's batch) would take minutes a turn. Instead every sequence gets a hash of each of its
-    prefixes at once, a wrapping uint64 sum of token x a random weight per position (a cumulative sum),
-    and the kept sequences' hashes are looked up among a prefix's with ``np.isin``; a hit is then
-    compared token by token, so a hash collision only costs a missed reuse, never a wrong cache.
+    Comparing a prefix against every kept sequence costs rows x kept x length: about 10 s a turn for
+    Search-R1's 2,560 rows (measured 0.6 s for 640 rows of up to 2,000 tokens; it grows as the square).
+    Instead every sequence gets a hash of each of its prefixes at once, a wrapping uint64 sum of token x a
+    random weight per position (a cumulative sum), and the kept sequences' hashes are looked up among a
+    prefix's with ``np.isin`` (1.4 s for the 2,560 rows); a hit is then compared token by token, so a hash
+    collision only costs a missed reuse, never a wrong cache.
     """
 
     def __init__(self) -> None:
