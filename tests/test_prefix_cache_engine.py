@@ -259,3 +259,29 @@ def test_batch_cache_pads_with_zeros_even_over_dirty_memory(engines, monkeypatch
         torch.testing.assert_close(layer.keys[0:1], rows[0][index][0], rtol=0, atol=0)
         torch.testing.assert_close(layer.values[1:2, :, 3:], rows[1][index][1], rtol=0, atol=0)
         assert (layer.keys[1, :, :3] == 0).all() and (layer.values[1, :, :3] == 0).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_template_start_shared_by_different_prompts_is_fed_once(engines, temperature):
+    """Different questions after one long instruction: the instruction is prefilled once for all rows, and
+    each row still decodes as alone (HFEngine's greedy output, a forward pass's log-probs)."""
+    plain, cached, tokenizer = engines
+    cached.reset_cache()
+    instruction = "Answer the given question. Reason inside <think> and </think> first, then search. " * 2
+    prefixes = [chat(tokenizer, instruction + q) for q in QUESTIONS]
+    shared = next(n for n in range(len(prefixes[0])) if len({tuple(p[: n + 1]) for p in prefixes}) > 1)
+    assert shared >= cached.min_shared_tokens
+    params = SamplingParams(temperature=temperature, max_new_tokens=12, stop=STOPS, seed=2)
+    fed_before = cached.fed_tokens
+    got = cached.generate(prefixes, params, [1, 1, 1])
+    assert cached.fed_tokens - fed_before == shared + sum(len(p) - shared for p in prefixes)
+    got = cached.generate(prefixes, params)
+    if temperature == 0.0:
+        assert [s.token_ids for s in got] == [s.token_ids for s in plain.generate(prefixes, params)]
+    for prefix, segment in zip(prefixes, got):
+        torch.testing.assert_close(
+            segment.logprobs,
+            forward_logprobs(cached.model, prefix, segment.token_ids, temperature),
+            atol=1e-4,
+            rtol=0,
+        )

@@ -9,6 +9,7 @@ already stopped until the last row stops. This engine runs its own decode loop i
   the longest kept sequence that prefixes a new prefix (by prefix hashes, :class:`_KeptCaches`) and feeds
   only the tokens after it (the last sampled token and the observation the env appended);
 - the uncovered tokens are prefilled first, rows with the same prefix once (a prompt's G samples), the
+  start that prefixes without a kept cache share once (a prompt template before each question), the
   distinct prefixes in passes of similar new-token counts (a row continuing with one token is not padded
   to another's 200-token observation); within a pass the rows' kept caches are left-padded into one batch
   cache, the new tokens are left-padded after it, an attention mask hides both paddings and explicit
@@ -159,11 +160,13 @@ class PrefixCachingHFEngine(HFEngine):
     """An :class:`HFEngine` that reuses each episode's KV cache across turns (see the module docstring).
 
     ``prefill_tokens`` bounds the (padded) tokens of one prefill forward pass: a call's new tokens are fed
-    in several passes when they exceed it. Models with sliding-window layers are not supported
-    (:meth:`supports` tells): their caches do not keep every position.
+    in several passes when they exceed it. Prefixes with no kept cache that start alike for at least
+    ``min_shared_tokens`` tokens (different questions after one prompt template) prefill that start once.
+    Models with sliding-window layers are not supported (:meth:`supports` tells): their caches do not keep
+    every position.
     """
 
-    def __init__(self, *args, prefill_tokens: int = 16384, **kwargs) -> None:
+    def __init__(self, *args, prefill_tokens: int = 16384, min_shared_tokens: int = 32, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if not self.supports(self.model):
             raise ValueError(
@@ -171,6 +174,7 @@ class PrefixCachingHFEngine(HFEngine):
                 "(this one has sliding-window layers); use HFEngine (engine_options={'prefix_cache': False})"
             )
         self.prefill_tokens = prefill_tokens
+        self.min_shared_tokens = min_shared_tokens
         self._caches = _KeptCaches()
         self.cached_tokens = 0  # tokens whose keys and values were reused instead of recomputed
         # Tokens fed through the model: prefill of uncached tokens + decoding (padding and finished rows
@@ -242,6 +246,7 @@ class PrefixCachingHFEngine(HFEngine):
             distinct.setdefault(tuple(row.prefix), len(distinct))
         prefixes = list(distinct)
         cached = [self._caches.longest_prefix_of(prefix) for prefix in prefixes]
+        self._share_common_start(prefixes, cached)
         new_counts = [len(prefix) - len(key) for prefix, (key, _) in zip(prefixes, cached)]
         self.cached_tokens += sum(len(key) for key, _ in cached)
         self.fed_tokens += sum(new_counts)
@@ -277,6 +282,33 @@ class PrefixCachingHFEngine(HFEngine):
                 logits[i] = group_logits[b]
         order = [distinct[tuple(row.prefix)] for row in rows]
         return [layers[i] for i in order], torch.stack([logits[i] for i in order])
+
+    def _share_common_start(self, prefixes: list[tuple[int, ...]], cached: list[tuple]) -> None:
+        """Prefill once the tokens that every prefix without a kept cache starts with (a prompt template's
+        instructions before each question), and give it to them as their kept cache. Skipped under
+        ``min_shared_tokens``, where one more forward pass would cost more than it saves."""
+        fresh = [i for i, (key, _) in enumerate(cached) if not key]
+        if len(fresh) < 2:
+            return
+        width = min(len(prefixes[i]) for i in fresh) - 1  # each prefix keeps one token at least to feed
+        starts = np.array([prefixes[i][:width] for i in fresh])
+        same = (starts == starts[0]).all(axis=0)
+        shared = width if same.all() else int(same.argmin())
+        if shared < self.min_shared_tokens:
+            return
+        tokens = list(prefixes[fresh[0]][:shared])
+        cache = self._batch_cache([], [], past_len=0, room=shared)
+        self._forward(
+            torch.tensor([tokens]),
+            torch.ones((1, shared), dtype=torch.long),
+            torch.arange(shared)[None],
+            cache,
+        )
+        self.fed_tokens += shared
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        for i in fresh:
+            cached[i] = (tuple(tokens), layers)
+        self.cached_tokens -= shared  # computed once here: the first row did not reuse it
 
     def _prefill_passes(self, new_counts: list[int]) -> list[list[int]]:
         """Group prefixes (indices into ``new_counts``) into forward passes: longest first, a new pass when
