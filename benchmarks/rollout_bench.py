@@ -16,7 +16,8 @@ For each model (a tiny Llama trained for a few steps to search, and the bundled 
   retrieved observations; for a model as small as the tiny one, attention over them is most of a step's
   cost, which the plain raw call does not pay.
 
-Each figure is the median of 3 alternating repeats (2 with ``--quick``), each on the next questions.
+Each figure is the median of alternating repeats, each on the next questions: 7 for the tiny model, whose
+repeats take seconds and vary by 10% on a shared machine, 3 for SmolLM2 (3 and 2 with ``--quick``).
 Episodes come in groups of ``--group-size`` samples a question (default 4, as GRPO; 1 as PPO: then no
 prompt is shared, and the results go to ``rollout_g1.json``).
 Also counted: tokens kept after a stop tag in any rollout segment (must be 0), and the mean context each
@@ -197,22 +198,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tiny = searching_tiny_model(Path(tmp), [r.question for r in world.train[:8]])
         runs = {
-            "tiny": (str(tiny), (32 if args.quick else 64) // group, group, 40),
+            "tiny": (str(tiny), (32 if args.quick else 64) // group, group, 40, 3 if args.quick else 7),
             "smollm2-135m-instruct": (
                 "smollm2-135m-instruct",
                 (8 if args.quick else 16) // group,
                 group,
                 24 if args.quick else 48,
+                2 if args.quick else 3,
             ),
         }
-        for name, (model, prompts, samples, turn_tokens) in runs.items():
+        for name, (model, prompts, samples, turn_tokens, repeats) in runs.items():
             print(
                 f"[bench] {name}: {prompts} prompts x {samples} samples, {turn_tokens} tokens a turn",
                 flush=True,
             )
-            results[name] = measure(
-                model, world, prompts, samples, turn_tokens, repeats=2 if args.quick else 3
-            )
+            results[name] = measure(model, world, prompts, samples, turn_tokens, repeats=repeats)
             print(f"[bench] {name}: {json.dumps(results[name])}", flush=True)
     models = [results[name] for name in ("tiny", "smollm2-135m-instruct")]
     for key in (
