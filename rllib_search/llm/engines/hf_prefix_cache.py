@@ -364,8 +364,9 @@ class PrefixCachingHFEngine(HFEngine):
                 attention, next_position = attention[keep], next_position[keep]
                 start = int(attention.any(dim=0).int().argmax())  # columns before it pad every kept row
                 attention = attention[:, start:]
+                keep_on_device = keep.to(self.device)
                 for layer in cache.layers:
-                    layer.keep_rows(keep.to(self.device), start)
+                    layer.keep_rows(keep_on_device, start)
                 slot_rows = [slot_rows[slot] for slot in live]
                 live = list(range(len(live)))
             feed = torch.full((len(slot_rows), 1), self.pad_token_id, dtype=torch.long)
