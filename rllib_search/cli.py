@@ -3,6 +3,7 @@
 - ``rllib-search world --out DIR``: write the synthetic multi-hop world (corpus + train/test files).
 - ``rllib-search index build ...`` / ``index info DIR``: build or describe a retrieval index.
 - ``rllib-search serve retriever --index DIR``: the retrieval service on Ray Serve.
+- ``rllib-search serve judge [--model gemma3-270m]``: the evidence judge (OpenAI-compatible) on Ray Serve.
 - ``rllib-search rollout``: the main job on the embedded default: scripted policies through
   MultiTurnSearchEnv on the synthetic world with a BM25 retriever, for each protocol; prints a table and
   writes ``summary.json``, ``rewards.png`` and example responses under ``--out``.

@@ -8,7 +8,8 @@ build the env from plain configuration:
 - ``retriever``: an object with ``search(queries, topk)``, or a spec (see :func:`build_retriever`):
   the Serve deployment, an HTTP URL, an index directory, or BM25 over a corpus file;
 - ``dataset``: a QA file (Search-R1 parquet or FlashRAG jsonl) or a list of ``QARecord``;
-- ``judge``: the evidence judge callable for ``r_search`` (optional);
+- ``judge``: the evidence judge for ``r_search`` (optional): an object, a callable, or a spec
+  (``{"type": "serve"}`` or ``{"type": "url", ...}``; ``serve.judge_client.build_judge``);
 - every field of :class:`~rllib_search.env.search_env.SearchEnvConfig` (``protocol``, ``max_turns``, ...).
 """
 
@@ -39,7 +40,9 @@ def make_env(**env_config: Any) -> MultiTurnSearchEnv:
         from rllib_search.data.formats import read_qa_file
 
         dataset = read_qa_file(dataset)
-    judge = config.pop("judge", None)
+    from rllib_search.serve.judge_client import build_judge
+
+    judge = build_judge(config.pop("judge", None))
     env_fields = {k: v for k, v in config.items() if k in SearchEnvConfig.__dataclass_fields__}
     unknown = set(config) - set(env_fields)
     if unknown:

@@ -16,7 +16,7 @@ from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
 from rllib_search.serve.indexes import build_index
 from rllib_search.serve.retriever import APP_NAME, build_retriever_app
-from tests.helpers import PASSAGES, RECORDS, free_port
+from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm, free_port
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -104,3 +104,39 @@ def service(ray_cluster, index_dir):
     serve.run(app, name=APP_NAME, route_prefix="/")
     yield f"http://127.0.0.1:{port}/retrieve"
     serve.shutdown()
+
+
+JUDGE_LIMITS = {"max_prompts": 8, "max_prompt_chars": 4000, "max_prompt_tokens": 300, "max_tokens": 16}
+
+
+@pytest.fixture(scope="session")
+def judge_model_dir(tmp_path_factory):
+    """A tiny Gemma-3: another family than the tiny Llama policies of the tests."""
+    from rllib_search.llm.tiny import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("judge_model")
+    return build_tiny_sliding_window_lm(root / "model", build_tiny_tokenizer(root / "tok"))
+
+
+@pytest.fixture(scope="session")
+def judge_url(service, judge_model_dir):
+    """The tiny judge as the Serve app ``judge`` (one replica) beside the session's retriever; yields its
+    OpenAI base URL."""
+    from ray import serve
+
+    from rllib_search.serve.judge import build_judge_app
+
+    app = build_judge_app(
+        {
+            "model": str(judge_model_dir),
+            "served_model_name": "tiny-judge",
+            "num_replicas": 1,
+            "ray_actor_options": {"num_cpus": 0.5},
+            "limits": JUDGE_LIMITS,
+            "max_batch_prompts": 64,
+            "batch_wait_timeout_s": 0.02,
+            "default_max_tokens": 6,
+        }
+    )
+    serve.run(app, name="judge", route_prefix="/judge")
+    return service.rsplit("/", 1)[0] + "/judge/v1"

@@ -30,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_tiny_sliding_window_lm(out_dir, tokenizer_dir):
+def build_tiny_sliding_window_lm(out_dir, tokenizer_dir, sliding_window: int = 16):
     """A tiny Gemma-3 (one sliding-window layer, one full-attention layer) over the tokenizer in
     ``tokenizer_dir``, saved with it to ``out_dir``; returns ``out_dir``."""
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
@@ -44,7 +44,7 @@ def build_tiny_sliding_window_lm(out_dir, tokenizer_dir):
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=16,
-        sliding_window=16,
+        sliding_window=sliding_window,
         layer_types=["sliding_attention", "full_attention"],
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -154,10 +154,12 @@ def test_a_stop_string_in_the_prefix_does_not_stop_generation(engine):
 
 def test_per_row_token_limits(engine):
     prefixes = [engine.tokenizer.encode("Who founded"), engine.tokenizer.encode("Where was he born?")]
-    segments = engine.generate(prefixes, SamplingParams(max_new_tokens=50, seed=0), max_new_tokens=[3, 7])
+    # Seeded, and EOS ignored: this test is about the limits, not about which token the model draws.
+    params = SamplingParams(max_new_tokens=50, seed=0, ignore_eos=True)
+    segments = engine.generate(prefixes, params, max_new_tokens=[3, 7])
     assert [len(s.token_ids) for s in segments] == [3, 7]
     assert [s.finish_reason for s in segments] == ["length", "length"]
-    empty = engine.generate(prefixes, SamplingParams(max_new_tokens=50), max_new_tokens=[0, 2])
+    empty = engine.generate(prefixes, params, max_new_tokens=[0, 2])
     assert empty[0].token_ids == [] and empty[0].finish_reason == "length" and len(empty[1].token_ids) == 2
     with pytest.raises(ValueError):
         engine.generate(prefixes, SamplingParams(), max_new_tokens=[1])

@@ -201,16 +201,33 @@ def test_prefill_passes_group_similar_new_token_counts(engines):
         cached.prefill_tokens = budget
 
 
-def test_models_with_sliding_window_layers_are_refused(tmp_path):
+@pytest.mark.parametrize("window", [64, 16], ids=["calls-fit", "calls-overflow"])
+def test_sliding_window_models_give_hf_engines_outputs(tmp_path, window):
+    """A Gemma-3 with a sliding-window layer: calls that fit in the window run on this engine (its own
+    prefill and decode), calls that do not are handed to HFEngine; both give HFEngine's greedy output."""
     from rllib_search.llm.tiny import build_tiny_tokenizer
     from tests.helpers import build_tiny_sliding_window_lm
 
-    model, tokenizer = load_causal_lm(
-        str(build_tiny_sliding_window_lm(tmp_path / "gemma", build_tiny_tokenizer(tmp_path / "tok")))
-    )
+    path = build_tiny_sliding_window_lm(tmp_path / "gemma", build_tiny_tokenizer(tmp_path / "tok"), window)
+    model, tokenizer = load_causal_lm(str(path))
     assert not PrefixCachingHFEngine.supports(model)
-    with pytest.raises(ValueError, match="sliding-window"):
-        PrefixCachingHFEngine(model, tokenizer)
+    plain, cached = HFEngine(model, tokenizer), PrefixCachingHFEngine(model, tokenizer, min_shared_tokens=4)
+    assert cached.window == window
+    prefixes = [tokenizer.encode(q) for q in QUESTIONS]  # 10 to 20 tokens
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop=STOPS)
+    limits = [12, 5, 9]
+    for _turn in range(2):
+        expected = plain.generate(prefixes, params, limits)
+        fed = cached.fed_tokens
+        got = cached.generate(prefixes, params, limits)
+        assert [s.token_ids for s in got] == [s.token_ids for s in expected]
+        for segment, reference in zip(got, expected):
+            torch.testing.assert_close(segment.logprobs, reference.logprobs, atol=1e-4, rtol=1e-4)
+        ran_here = cached.fed_tokens > fed
+        assert ran_here == (max(map(len, prefixes)) + max(limits) <= window)
+        prefixes = [p + s.token_ids + tokenizer.encode(" then") for p, s in zip(prefixes, got)]
+    if window == 64:
+        assert cached.cached_tokens > 0  # the second turn reused the first turn's caches
 
 
 def test_kept_caches_find_the_longest_proper_prefix():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rllib_search.env.judge import EVIDENCE_JUDGE_TEMPLATE, evidence_prompt
 from rllib_search.env.rewards import (
-    EVIDENCE_JUDGE_TEMPLATE,
     R1SearcherRewardConfig,
     ResponseSummary,
     RSearchRewardConfig,
@@ -96,18 +96,12 @@ def test_r1_searcher_stage2():
     assert r1_searcher_stage2_reward(summary(None, valid=False), gold).total == pytest.approx(-2.0)
 
 
-def test_r_search_reward_with_a_judge():
-    seen = []
-
-    def judge(question: str, evidence: str) -> str:
-        seen.append(EVIDENCE_JUDGE_TEMPLATE.format(evidence=evidence, question=question))
-        return "Dravenia country"
-
-    config = RSearchRewardConfig(gamma_evidence=0.2, gamma_answer=0.2, judge=judge)
+def test_r_search_reward_scores_the_judges_answer():
+    response = ResponseSummary(
+        "Where?", "Dravenia", "Velmora is in Dravenia.", 1, (), True, evidence_answer="Dravenia country"
+    )
     result = r_search_reward(
-        summary("Dravenia", evidence="Velmora is in Dravenia.", searches=1, question="Where?"),
-        ["Dravenia"],
-        config,
+        response, ["Dravenia"], RSearchRewardConfig(gamma_evidence=0.2, gamma_answer=0.2)
     )
     # r_α = 1; r_e = F1("dravenia country", "dravenia") = 2/3; r_f = I_S(γ_e·1 + γ_a·1) = 0.4
     assert result.components == {
@@ -118,8 +112,18 @@ def test_r_search_reward_with_a_judge():
         "judge_error": 0.0,
     }
     assert result.total == pytest.approx(1 + 2 / 3 + 0.4)
-    assert seen[0].startswith("Answer the question based on the given passages.")
-    assert "The following are given passages: Velmora is in Dravenia." in seen[0]
+
+
+def test_the_evidence_template_is_r_searchs_table_5():
+    prompt = evidence_prompt("Who founded Quellon Works?", "Quellon Works was founded by Mirelle Dask.")
+    assert prompt == (
+        "Answer the question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nThe following are given passages: Quellon Works was founded by Mirelle Dask.\n\n"
+        "Question: Who founded Quellon Works?\n\nAnswer:"
+    )
+    assert (
+        EVIDENCE_JUDGE_TEMPLATE.count("{evidence}") == 1 and EVIDENCE_JUDGE_TEMPLATE.count("{question}") == 1
+    )
 
 
 def test_r_search_format_term_equation_5():
@@ -135,18 +139,19 @@ def test_r_search_format_term_equation_5():
     assert r_search_reward(summary(None, searches=0), gold).components["format"] == pytest.approx(0.2)
 
 
-def test_r_search_without_or_with_a_failing_judge():
+def test_r_search_without_a_judge_or_with_a_failing_one():
     result = r_search_reward(summary("x", evidence="e", searches=1), ["x"])
-    assert result.components["evidence_f1"] == 0.0
+    assert result.components["evidence_f1"] == 0.0 and result.components["judge_error"] == 0.0
     assert result.notes["evidence"] == "no judge configured: evidence term is 0"
 
-    def broken(question: str, evidence: str) -> str:
-        raise TimeoutError("judge timed out")
-
-    result = r_search_reward(summary("x", evidence="e", searches=1), ["x"], RSearchRewardConfig(judge=broken))
-    assert result.components["judge_error"] == 1.0
-    assert "judge timed out" in result.notes["evidence"]
+    failed = ResponseSummary("Q?", "x", "e", 1, (), True, evidence_answer=None, judge_error="timed out")
+    result = r_search_reward(failed, ["x"])
+    assert result.components["judge_error"] == 1.0 and result.components["evidence_f1"] == 0.0
+    assert "timed out" in result.notes["evidence"]
     assert result.total == pytest.approx(1.0 + 0.4)
+    # A judge's answer next to an error is never scored: the error wins.
+    both = ResponseSummary("Q?", "x", "e", 1, (), True, evidence_answer="x", judge_error="late")
+    assert r_search_reward(both, ["x"]).components["evidence_f1"] == 0.0
 
 
 def test_make_reward_by_name():

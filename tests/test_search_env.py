@@ -212,6 +212,121 @@ def test_step_batch_sends_one_retriever_call_per_turn(tiny_tokenizer):
     assert list(solo.step(encode(tiny_tokenizer, segments[0]))[0]) == list(results[0].observation)
 
 
+class RecordingJudge:
+    """A reader that answers with the evidence's last word and remembers every call it got."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[list[tuple[str, str]]] = []
+        self.fail = fail
+
+    def answer_evidence(self, questions, evidences):
+        self.calls.append(list(zip(questions, evidences)))
+        if self.fail:
+            raise ConnectionError("judge replica died")
+        return [evidence.rstrip(".").split()[-1] for evidence in evidences]
+
+
+R_SEARCH_TURNS = {
+    "answer_now": [
+        "<original_evidence>Mirelle Dask founded Quellon Works.</original_evidence><answer> x </answer>"
+    ],
+    "search_then_answer": [
+        "<search> Tarquin Oskaley </search>",
+        "<original_evidence>Tarquin Oskaley was born in Velmora.</original_evidence>\n"
+        "<answer> Velmora </answer>",
+    ],
+    "no_evidence": ["<answer> Velmora </answer>"],
+}
+
+
+def run_r_search_batch(tokenizer, judge, *, score_each_turn: bool):
+    """Three R-Search episodes ending at different turns; returns (envs, results, judge reports)."""
+    envs = [
+        MultiTurnSearchEnv(tokenizer, BM25Retriever(PASSAGES), RECORDS, {"protocol": "r_search"}, judge=judge)
+        for _ in R_SEARCH_TURNS
+    ]
+    for env, record in zip(envs, [RECORDS[2], RECORDS[0], RECORDS[0]]):
+        env.reset(options={"record": record})
+    scripts = list(R_SEARCH_TURNS.values())
+    active, turn = [0, 1, 2], 0
+    while active:
+        actions = [encode(tokenizer, scripts[i][turn]) for i in active]
+        step_batch([envs[i] for i in active], actions, score=score_each_turn)
+        active = [i for i in active if not envs[i].done]
+        turn += 1
+    return envs
+
+
+def test_one_judge_call_scores_every_episode_of_a_batch(tiny_tokenizer):
+    from rllib_search.env.search_env import score_episodes
+
+    judge = RecordingJudge()
+    envs = run_r_search_batch(tiny_tokenizer, judge, score_each_turn=False)
+    assert judge.calls == [] and all(env.awaits_score for env in envs)
+    report = score_episodes(envs)
+    # One call for both evidence boxes (the episodes ended at turns 1 and 2); none for the episode without.
+    assert judge.calls == [
+        [
+            ("Who founded Quellon Works?", "Mirelle Dask founded Quellon Works."),
+            ("Where was Tarquin Oskaley born?", "Tarquin Oskaley was born in Velmora."),
+        ]
+    ]
+    assert (report.calls, report.prompts, report.errors) == (1, 2, 0)
+    first, second, third = (env.reward_breakdown for env in envs)
+    assert first.components["evidence_f1"] == 0.0 and envs[0].evidence_answer == "Works"
+    assert second.components["evidence_f1"] == 1.0 and envs[1].evidence_answer == "Velmora"
+    assert third.notes["evidence"] == "no evidence box: evidence term is 0"
+    assert envs[1].last_step_result().reward == pytest.approx(second.total)
+    assert envs[1].last_step_result().info["evidence_answer"] == "Velmora"
+    assert score_episodes(envs).calls == 0  # scored episodes are never judged twice
+
+
+def test_step_batch_judges_the_episodes_that_end_in_each_turn(tiny_tokenizer):
+    judge = RecordingJudge()
+    envs = run_r_search_batch(tiny_tokenizer, judge, score_each_turn=True)
+    assert [len(call) for call in judge.calls] == [1, 1]
+    assert all(not env.awaits_score for env in envs)
+
+
+def test_a_failing_judge_costs_the_evidence_term_and_is_counted(tiny_tokenizer):
+    from rllib_search.env.search_env import score_episodes
+
+    envs = run_r_search_batch(tiny_tokenizer, RecordingJudge(fail=True), score_each_turn=False)
+    report = score_episodes(envs)
+    assert (report.calls, report.prompts, report.errors) == (1, 2, 2)
+    judged = [env.reward_breakdown for env in envs[:2]]
+    assert all(r.components["judge_error"] == 1.0 and r.components["evidence_f1"] == 0.0 for r in judged)
+    assert all("ConnectionError: judge replica died" in r.notes["evidence"] for r in judged)
+    assert envs[2].reward_breakdown.components["judge_error"] == 0.0
+
+    class ShortJudge(RecordingJudge):
+        def answer_evidence(self, questions, evidences):
+            return ["one answer"]
+
+    envs = run_r_search_batch(tiny_tokenizer, ShortJudge(), score_each_turn=False)
+    assert score_episodes(envs).errors == 2
+    assert "1 answers for 2 questions" in envs[0].reward_breakdown.notes["evidence"]
+
+
+def test_gym_step_asks_the_judge_for_its_own_episode(tiny_tokenizer):
+    judge = RecordingJudge()
+    env = MultiTurnSearchEnv(
+        tiny_tokenizer, BM25Retriever(PASSAGES), RECORDS, {"protocol": "r_search"}, judge=judge
+    )
+    env.reset(options={"record": RECORDS[0]})
+    _, reward, terminated, _, info = env.step(encode(tiny_tokenizer, R_SEARCH_TURNS["search_then_answer"][1]))
+    assert terminated and len(judge.calls) == 1
+    assert info["reward_components"]["evidence_f1"] == 1.0
+    # A plain function is a judge too.
+    env = MultiTurnSearchEnv(
+        tiny_tokenizer, None, RECORDS, {"protocol": "r_search"}, judge=lambda q, e: "Velmora"
+    )
+    env.reset(options={"record": RECORDS[0]})
+    assert env.step(encode(tiny_tokenizer, R_SEARCH_TURNS["search_then_answer"][1]))[1] == pytest.approx(
+        reward
+    )
+
+
 def test_logprobs_are_kept_for_generated_tokens(tiny_tokenizer, retriever):
     env = MultiTurnSearchEnv(tiny_tokenizer, retriever, RECORDS)
     prompt, _ = env.reset(options={"index": 0})

@@ -11,7 +11,9 @@ One training step:
    masked loss happen in :class:`~rllib_search.algos.learner.SearchLearner`;
 4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along);
 5. **metrics** through RLlib's MetricsLogger (``env_runners/...``, ``learners/...``) so Tune and the Ray
-   dashboard see them.
+   dashboard see them;
+6. **reward schedule** (when the config has one, R1-Searcher's two stages): the iteration's results decide
+   whether the next iteration samples with the next stage's reward; the stage is checkpointed.
 
 ``evaluate_questions`` rolls a fixed question list out greedily for held-out tables, and ``export`` writes
 a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and vLLM load.
@@ -40,6 +42,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_search.algos.advantages import group_statistics, grpo_advantages
 from rllib_search.algos.batching import pad_rollouts
+from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,11 @@ def train_batch(rollouts: list[Rollout], config: Any, pad_token_id: int) -> Mult
 class SearchAlgorithm(Algorithm):
     """Sample -> group advantages -> masked learner update -> weight sync (see the module docstring)."""
 
+    def setup(self, config: Any) -> None:
+        stages = config.reward_stages
+        self.reward_schedule = RewardSchedule(stages) if stages else None
+        super().setup(config)
+
     def training_step(self) -> None:
         rollouts = self.sample_rollouts()
         batch = train_batch(rollouts, self.config, self._pad_token_id())
@@ -99,13 +107,39 @@ class SearchAlgorithm(Algorithm):
             self.env_runner_group.sync_weights(
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
+        self._advance_reward_schedule()
+
+    def _advance_reward_schedule(self) -> None:
+        """Tell the reward schedule what this iteration measured; the next sample uses its stage."""
+        schedule = self.reward_schedule
+        if schedule is None:
+            return
+
+        def metric(name: str) -> float | None:
+            value = self.metrics.peek(tuple(name.split("/")), default=None)
+            return None if value is None or isinstance(value, dict) else float(value)
+
+        if schedule.observe(metric):
+            logger.info(
+                "reward schedule: stage %d (%s) from the next iteration",
+                schedule.index,
+                schedule.stage.reward,
+            )
 
     def sample_rollouts(self) -> list[Rollout]:
-        """One ``sample()`` from every EnvRunner; their metrics go under ``env_runners``."""
+        """One ``sample()`` from every EnvRunner (in the reward schedule's current stage); their metrics go
+        under ``env_runners``."""
         group = self.env_runner_group
         local = group.num_remote_env_runners() == 0
+        stage = self.reward_schedule.index if self.reward_schedule is not None else None
+        sampled = getattr(self, "_sampled_stage", None)
+        if stage is not None and sampled is not None and stage != sampled:
+            self.metrics.delete(ENV_RUNNER_RESULTS, "reward", key_error=False)  # the old stage's components
+        self._sampled_stage = stage
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            per_runner = group.foreach_env_runner(lambda runner: runner.sample(), local_env_runner=local)
+            per_runner = group.foreach_env_runner(
+                lambda runner: runner.sample(reward_stage=stage), local_env_runner=local
+            )
             metrics = group.foreach_env_runner(lambda runner: runner.get_metrics(), local_env_runner=local)
         self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
         steps = sum(r.stats.get("turns", 1) for rollouts in per_runner for r in rollouts)
@@ -113,6 +147,19 @@ class SearchAlgorithm(Algorithm):
             (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), steps, reduce="lifetime_sum"
         )
         return [rollout for rollouts in per_runner for rollout in rollouts]
+
+    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state = super().get_state(*args, **kwargs)
+        if self.reward_schedule is not None:
+            state["reward_schedule"] = self.reward_schedule.get_state()
+            state["reward_stage_sampled"] = getattr(self, "_sampled_stage", None)
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if self.reward_schedule is not None and "reward_schedule" in state:
+            self.reward_schedule.set_state(state["reward_schedule"])
+            self._sampled_stage = state.get("reward_stage_sampled")
 
     def _pad_token_id(self) -> int:
         tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None

@@ -66,6 +66,8 @@ class SearchConfig(AlgorithmConfig):
         self.micro_batch_size = 4
         self.deepspeed: dict[str, Any] | None = None
         self.autocast: bool | None = None
+        # A reward schedule (R1-Searcher's two stages); None keeps the env's reward throughout.
+        self.reward_stages: list[Any] | None = None
 
     def rollouts(
         self,
@@ -84,6 +86,16 @@ class SearchConfig(AlgorithmConfig):
         for name, value in locals().items():
             if name != "self" and value is not NotProvided:
                 setattr(self, name, value)
+        return self
+
+    def reward_schedule(self, *, stages: list[Any] | Any | None = NotProvided) -> SearchConfig:
+        """Move through rewards during the run: ``stages`` is a list of
+        :class:`~rllib_search.algos.reward_schedule.RewardStage` (or dicts of its fields), e.g. R1-Searcher's
+        ``[{"reward": "r1_searcher_stage1", "iterations": 6}, {"reward": "r1_searcher_stage2"}]``. Each stage
+        replaces the env's ``reward``/``reward_config`` (and dataset, when it has one) on every EnvRunner.
+        """
+        if stages is not NotProvided:
+            self.reward_stages = None if stages is None else list(stages)
         return self
 
     def training(
@@ -189,3 +201,7 @@ class SearchConfig(AlgorithmConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.reward_stages is not None:
+            from rllib_search.algos.reward_schedule import RewardSchedule
+
+            RewardSchedule(self.reward_stages)  # raises on a malformed schedule

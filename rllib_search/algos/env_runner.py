@@ -7,7 +7,9 @@
 1. ONE ``engine.generate`` call for all active episodes (their token ids as prefixes; the protocol's stop
    strings; each row capped at ``min(max_turn_tokens, env.remaining_tokens)``);
 2. each env parses its segment; ONE retriever call carries every query of the turn (``step_batch``);
-3. observations are appended (loss mask 0); finished episodes leave the batch.
+3. observations are appended (loss mask 0); finished episodes leave the batch;
+4. when every episode has finished, ONE evidence-judge call scores all of the sample's evidences
+   (R-Search; ``score_episodes``), and the episodes are scored.
 
 It returns :class:`~rllib_search.algos.rollout.Rollout` records (token ids, loss mask, sampled log-probs,
 turn spans, reward breakdown, group id, weights version). ``set_state`` loads the learner's weights into
@@ -30,9 +32,16 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from rllib_search.algos.rollout import Rollout
 from rllib_search.data.records import QARecord
-from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig, step_batch
+from rllib_search.env.search_env import (
+    JudgeReport,
+    MultiTurnSearchEnv,
+    SearchEnvConfig,
+    score_episodes,
+    step_batch,
+)
 from rllib_search.llm.engines import Engine, SamplingParams
 from rllib_search.registration import build_retriever
+from rllib_search.serve.judge_client import build_judge, check_judge_family
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +57,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.module = None
         self.make_module()
         self.retriever = build_retriever(env_config.pop("retriever", None))
-        self.judge = env_config.pop("judge", None)
+        judge_spec = env_config.pop("judge", None)
+        self.judge = build_judge(judge_spec)
+        if self.judge is not None:
+            self._check_judge_family(judge_spec)
         self.records = self._shard(self._load_dataset(env_config.pop("dataset", None)))
         env_config.pop("tokenizer", None)  # the policy's own tokenizer is the only one that fits
         self.env_config = SearchEnvConfig.from_dict(env_config)
@@ -69,6 +81,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._epoch = 0
         self._draws = 0
         self._sample_calls = 0
+        self.reward_stage = 0
+        if self.config.reward_stages:
+            self._enter_reward_stage(0)
 
     # --- construction ---------------------------------------------------------------------------------
     def make_module(self) -> None:
@@ -85,6 +100,20 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.module = spec.build()
         self.module.eval()
         self.tokenizer = self.module.tokenizer
+
+    def _check_judge_family(self, spec: Any) -> None:
+        """R-Search's judge must be of another model family than the policy (see ``llm/family.py``)."""
+        from rllib_search.llm.family import SameFamilyJudgeError
+
+        model = self.module.llm_config["model"]
+        try:
+            warning = check_judge_family(self.judge, self.module.model.config, model, spec)
+        except SameFamilyJudgeError:
+            raise
+        except Exception as error:  # an unreachable judge is the run's problem later (counted), not here
+            warning = f"could not ask the evidence judge for its model ({error}): cross-family check skipped"
+        if warning:
+            logger.warning(warning)
 
     def _make_engine(self) -> Engine:
         options = dict(self.config.engine_options)
@@ -126,9 +155,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return MultiTurnSearchEnv(self.tokenizer, self.retriever, None, self.env_config, judge=self.judge)
 
     # --- sampling -------------------------------------------------------------------------------------
-    def sample(self, *, num_prompts: int | None = None, **kwargs: Any) -> list[Rollout]:
+    def sample(
+        self, *, num_prompts: int | None = None, reward_stage: int | None = None, **kwargs: Any
+    ) -> list[Rollout]:
         """Roll out ``group_size`` episodes for each of ``num_prompts`` (default ``prompts_per_sample``)
-        questions; returns them finished, grouped by question."""
+        questions; returns them finished, grouped by question. ``reward_stage`` is the index of the
+        config's reward schedule stage the Algorithm is in (a runner that was behind switches first)."""
+        if reward_stage is not None and reward_stage != self.reward_stage:
+            self._enter_reward_stage(reward_stage)
         started = time.perf_counter()
         records = self._next_records(int(num_prompts or self.config.prompts_per_sample))
         group_size = int(self.config.group_size)
@@ -137,9 +171,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             group_id = f"{record.uid}@{self.worker_index}.{self._draws + i}"
             episodes.extend((record, group_id) for _ in range(group_size))
         self._draws += len(records)
-        rollouts, generated, generate_seconds = self._roll_out(episodes, self.sampling, seeded=True)
+        rollouts, generated, generate_seconds, judged = self._roll_out(episodes, self.sampling, seeded=True)
         self._sample_calls += 1
-        self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started)
+        self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started, judged)
         return rollouts
 
     def rollout_records(self, records: Sequence[QARecord], temperature: float = 0.0) -> list[Rollout]:
@@ -151,16 +185,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _roll_out(
         self, episodes: Sequence[tuple[QARecord, str]], sampling: SamplingParams, seeded: bool
-    ) -> tuple[list[Rollout], float, float]:
-        """Advance one env per (record, group id) turn by turn until all finish; returns the rollouts in
-        order, the number of generated tokens and the seconds spent generating."""
+    ) -> tuple[list[Rollout], float, float, JudgeReport]:
+        """Advance one env per (record, group id) turn by turn until all finish, then score them all (one
+        judge call); returns the rollouts in order, the number of generated tokens, the seconds spent
+        generating and what was asked of the judge."""
         while len(self.envs) < len(episodes):
             self.envs.append(self.new_env())
         envs = self.envs[: len(episodes)]
         groups = [group_id for _, group_id in episodes]
         for env, (record, _) in zip(envs, episodes):
             env.reset(options={"record": record})
-        finished: dict[int, Rollout] = {}
+        finished: dict[int, tuple[bool, bool]] = {}
         active = list(range(len(envs)))
         generated = generate_seconds = 0.0
         turn = 0
@@ -175,15 +210,34 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             generate_seconds += time.perf_counter() - t0
             generated += sum(len(s.token_ids) for s in segments)
             actions = [{"token_ids": s.token_ids, "logprobs": s.logprobs} for s in segments]
-            results = step_batch([envs[i] for i in active], actions, self.retriever)
+            results = step_batch([envs[i] for i in active], actions, self.retriever, score=False)
             for i, result in zip(active, results):
                 if result.terminated or result.truncated:
-                    finished[i] = Rollout.from_env(
-                        envs[i], groups[i], self.weights_version, result.terminated, result.truncated
-                    )
+                    finished[i] = (result.terminated, result.truncated)
             active = [i for i in active if i not in finished]
             turn += 1
-        return [finished[i] for i in range(len(envs))], generated, generate_seconds
+        judged = score_episodes(envs)
+        rollouts = [
+            Rollout.from_env(envs[i], groups[i], self.weights_version, *finished[i]) for i in range(len(envs))
+        ]
+        return rollouts, generated, generate_seconds, judged
+
+    def _enter_reward_stage(self, index: int) -> None:
+        """Score episodes with stage ``index`` of the config's reward schedule (and draw its questions when
+        it has its own dataset: a fresh seeded order over this runner's shard of them)."""
+        from rllib_search.algos.reward_schedule import RewardStage
+
+        stage = RewardStage.coerce(self.config.reward_stages[index])
+        self.env_config = replace(
+            self.env_config, reward=stage.reward, reward_config=dict(stage.reward_config)
+        )
+        self.envs = []
+        self.metrics.delete("reward", key_error=False)  # the old stage's reward components
+        if stage.dataset is not None:
+            self.records = self._shard(self._load_dataset(stage.dataset))
+            self._order = self._rng.permutation(len(self.records))
+            self._position = 0
+        self.reward_stage = index
 
     def _turn_seed(self, turn: int) -> int:
         return (
@@ -203,7 +257,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return chosen
 
     def _log_metrics(
-        self, rollouts: Sequence[Rollout], generated: float, gen_s: float, wall_s: float
+        self, rollouts: Sequence[Rollout], generated: float, gen_s: float, wall_s: float, judged: JudgeReport
     ) -> None:
         log = self.metrics.log_value
         n = len(rollouts)
@@ -224,9 +278,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "generation_tokens_per_s": generated / gen_s if gen_s else 0.0,
             "rollout_tokens_per_s": generated / wall_s if wall_s else 0.0,
             "weights_version": float(self.weights_version),
+            "reward_stage": float(self.reward_stage),
         }.items():
             log(key, float(value), reduce="mean", window=1)
         log("retriever_errors", sum(r.stats["retriever_errors"] for r in rollouts), reduce="sum")
+        if self.judge is not None:
+            log("judge_calls", judged.calls, reduce="sum")
+            log("judge_prompts", judged.prompts, reduce="sum")
+            log("judge_errors", judged.errors, reduce="sum")
+            log("judge_seconds", judged.seconds, reduce="mean", window=1)
         for name in rollouts[0].reward_components:
             value = np.mean([r.reward_components.get(name, 0.0) for r in rollouts])
             log(("reward", name), float(value), reduce="mean", window=1)
@@ -249,6 +309,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 self.engine.load_weights(self.module.model.state_dict())
             version = state.get("weights_version", state.get(WEIGHTS_SEQ_NO))
             self.weights_version = int(version) if version is not None else self.weights_version + 1
+        if "reward_stage" in state and int(state["reward_stage"]) != self.reward_stage:
+            self._enter_reward_stage(int(state["reward_stage"]))  # before the data position: its questions
         if "data_position" in state:
             position = state["data_position"]
             self._order = np.asarray(position["order"])
@@ -261,9 +323,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._sample_calls = int(position.get("sample_calls", self._sample_calls))
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Weights version and data position (the weights themselves live in the learner's checkpoint)."""
+        """Weights version, reward stage and data position (the weights live in the learner's checkpoint)."""
         return {
             "weights_version": self.weights_version,
+            "reward_stage": self.reward_stage,
             "data_position": {
                 "order": self._order.tolist(),
                 "position": self._position,

@@ -39,6 +39,8 @@ class Rollout:
     answer: str | None
     golden_answers: list[str]
     stats: dict[str, int] = field(default_factory=dict)
+    evidence_answer: str | None = None
+    reward_notes: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -72,6 +74,8 @@ class Rollout:
             answer=env.answer,
             golden_answers=list(record.golden_answers),
             stats={"turns": env.turns, **env.stats},
+            evidence_answer=env.evidence_answer,
+            reward_notes=dict(env.reward_breakdown.notes),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,7 +6,9 @@ and a config, and returns a :class:`RewardBreakdown` whose ``components`` go to 
 - ``search_r1``: EM with the empirical study's format (λ_f, eq. 3) and retrieval (λ_r, eq. 4) terms;
   λ_f = λ_r = 0 is Search-R1's plain EM (Search-R1 eq. 3).
 - ``r1_searcher_stage1`` / ``r1_searcher_stage2``: R1-Searcher eq. 1-4.
-- ``r_search``: R-Search eq. 3-8; the evidence term asks an injected judge to answer from the evidence.
+- ``r_search``: R-Search eq. 3-8; the evidence term scores the answer an evidence judge (a model of another
+  family, ``env/judge.py``) gave from the policy's evidence alone. The env asks the judge for a whole batch
+  of episodes at once and puts each answer into the episode's :class:`ResponseSummary`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class ResponseSummary:
 
     ``retrieved_blocks`` are the bodies of the observation blocks the model actually saw (after token
     truncation); ``num_searches`` counts searches the retriever answered (failures excluded).
+    ``evidence_answer`` is the evidence judge's answer from ``evidence`` alone (None when no judge was
+    asked), ``judge_error`` why the judge could not answer.
     """
 
     question: str
@@ -87,6 +91,8 @@ class ResponseSummary:
     retrieved_blocks: tuple[str, ...]
     format_valid: bool
     format_reason: str = ""
+    evidence_answer: str | None = None
+    judge_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,23 +174,12 @@ def r1_searcher_stage2_reward(
 
 
 # --- R-Search: answer, evidence and format ----------------------------------------------------------
-EVIDENCE_JUDGE_TEMPLATE = (
-    # R-Search, Table 5: the cross-family model answers from the evidence alone.
-    "Answer the question based on the given passages. Only give me the answer and do not output any other "
-    "words.\n\nThe following are given passages: {evidence}\n\nQuestion: {question}\n\nAnswer:"
-)
-
-Judge = Callable[[str, str], str]
-"""``judge(question, evidence) -> answer``: a frozen model of another family answering from evidence."""
-
-
 @dataclass(frozen=True)
 class RSearchRewardConfig:
-    """γ_e and γ_a of R-Search eq. 5 (the paper fixes both to 0.2) and the optional evidence judge."""
+    """γ_e and γ_a of R-Search eq. 5 (the paper fixes both to 0.2)."""
 
     gamma_evidence: float = 0.2
     gamma_answer: float = 0.2
-    judge: Judge | None = field(default=None, compare=False)
 
 
 def r_search_reward(
@@ -193,8 +188,9 @@ def r_search_reward(
     """R-Search eq. 6: r = r_α + r_e + r_f with
 
     - r_α = F1(answer, gold) (eq. 3);
-    - r_e = F1(judge(question, evidence), gold) (eq. 4): 0 when no judge is configured, when there is no
-      evidence, or when the judge fails (the failure is logged and noted, the run goes on);
+    - r_e = F1(judge's answer from the evidence alone, gold) (eq. 4): 0 when there is no evidence, when no
+      judge answered (none configured) or when the judge failed (``judge_error`` 1, noted; never scored as
+      correct);
     - r_f = (1 - I_S)(γ_e + γ_a·I_A) + I_S(γ_e·I_E + γ_a·I_A) (eq. 5), with I_S "searched", I_A "one
       non-empty answer box", I_E "one non-empty evidence box".
     """
@@ -207,18 +203,15 @@ def r_search_reward(
     fmt = (ge * evidence_ok + ga * answer_ok) if searched else (ge + ga * answer_ok)
 
     evidence_f1, judge_error = 0.0, 0.0
-    if config.judge is None:
-        notes["evidence"] = "no judge configured: evidence term is 0"
-    elif not evidence_ok:
+    if not evidence_ok:
         notes["evidence"] = "no evidence box: evidence term is 0"
+    elif response.judge_error is not None:
+        notes["evidence"] = f"judge failed: {response.judge_error}"
+        judge_error = 1.0
+    elif response.evidence_answer is None:
+        notes["evidence"] = "no judge configured: evidence term is 0"
     else:
-        try:
-            judged = config.judge(response.question, response.evidence or "")
-            evidence_f1 = token_f1(judged, golds)
-        except Exception as error:  # a judge failure costs this sample its evidence term, never the run
-            logger.warning("evidence judge failed: %s", error)
-            notes["evidence"] = f"judge failed: {error}"
-            judge_error = 1.0
+        evidence_f1 = token_f1(response.evidence_answer, golds)
     components = {
         "answer_f1": answer_f1,
         "evidence_f1": evidence_f1,
@@ -244,6 +237,9 @@ DEFAULT_REWARD_FOR_PROTOCOL = {
     "r1_searcher": "r1_searcher_stage2",
     "r_search": "r_search",
 }
+
+REWARDS_USING_EVIDENCE_JUDGE = frozenset({"r_search"})
+"""Rewards whose evidence term needs an evidence judge's answer (the env asks for it in batches)."""
 
 
 def make_reward(

@@ -16,12 +16,18 @@ the env inserted) is ``env.trajectory``. Budgets, all in tokens and documented o
 Stepping one env is ``step``. A runner that advances many episodes per turn uses the two halves,
 ``submit`` (parse the segment) and ``resolve`` (append the search results), with :func:`step_batch` sending
 every query of the turn to the retriever in one call.
+
+Scoring a finished episode may need an evidence judge (R-Search's evidence reward). :func:`score_episodes`
+scores any number of finished episodes with ONE judge call for all of them; ``step`` and ``step_batch``
+score the episodes that end in that turn, and a runner that wants one judge call per sample passes
+``score=False`` to ``step_batch`` and calls ``score_episodes`` once at the end.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -30,10 +36,12 @@ import numpy as np
 from gymnasium import spaces
 
 from rllib_search.data.records import QARecord
+from rllib_search.env.judge import EvidenceJudge, as_judge
 from rllib_search.env.protocols import Action, Protocol, get_protocol
 from rllib_search.env.retrieval import Passage, Retriever
 from rllib_search.env.rewards import (
     DEFAULT_REWARD_FOR_PROTOCOL,
+    REWARDS_USING_EVIDENCE_JUDGE,
     ResponseSummary,
     RewardBreakdown,
     make_reward,
@@ -109,7 +117,8 @@ class MultiTurnSearchEnv(gym.Env):
 
     ``tokenizer`` is a Hugging Face tokenizer (or a path/name to load one); ``retriever`` anything with
     ``search(queries, topk) -> list[list[Passage]]``; ``dataset`` the questions ``reset`` draws from (or
-    pass ``options={"record": QARecord}`` to ``reset``); ``judge`` the evidence judge for ``r_search``.
+    pass ``options={"record": QARecord}`` to ``reset``); ``judge`` the evidence judge for ``r_search`` (an
+    :class:`~rllib_search.env.judge.EvidenceJudge` or a callable ``(question, evidence) -> answer``).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
@@ -120,7 +129,7 @@ class MultiTurnSearchEnv(gym.Env):
         retriever: Retriever | None = None,
         dataset: Sequence[QARecord] | None = None,
         config: SearchEnvConfig | Mapping[str, Any] | None = None,
-        judge: Callable[[str, str], str] | None = None,
+        judge: EvidenceJudge | Any = None,
         render_mode: str | None = None,
     ) -> None:
         if isinstance(tokenizer, str):
@@ -139,11 +148,9 @@ class MultiTurnSearchEnv(gym.Env):
         self.render_mode = render_mode
 
         reward_name = config.reward or DEFAULT_REWARD_FOR_PROTOCOL.get(self.protocol.name, "search_r1")
-        reward_config = dict(config.reward_config)
-        if judge is not None:
-            reward_config["judge"] = judge
-        self.reward_fn = make_reward(reward_name, reward_config)
+        self.reward_fn = make_reward(reward_name, dict(config.reward_config))
         self.reward_name = reward_name
+        self.judge = as_judge(judge)
 
         vocab = len(tokenizer)
         self.observation_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
@@ -170,6 +177,8 @@ class MultiTurnSearchEnv(gym.Env):
         self.evidence: str | None = None
         self.retrieved_blocks: list[str] = []
         self.reward_breakdown: RewardBreakdown | None = None
+        self.evidence_answer: str | None = None
+        self._last_step: tuple[list[int], bool, bool] = ([], False, False)
         self.stats = {
             "searches": 0,
             "invalid_actions": 0,
@@ -240,10 +249,13 @@ class MultiTurnSearchEnv(gym.Env):
         self.pending_query = action.query if action.kind == "search" and can_continue else None
         return action
 
-    def resolve(self, passages: Sequence[Passage] | None = None, error: str | None = None) -> StepResult:
+    def resolve(
+        self, passages: Sequence[Passage] | None = None, error: str | None = None, *, score: bool = True
+    ) -> StepResult:
         """Finish the turn opened by :meth:`submit`: append the observation (the passages found for
-        ``pending_query``, an error block when the search failed, or the rethink text) and score the episode
-        when it ended."""
+        ``pending_query``, an error block when the search failed, or the rethink text). When the episode
+        ends it is scored, unless ``score=False`` (then :func:`score_episodes` scores it later, and the
+        returned reward is 0 until then)."""
         action = self.last_action
         if action is None or self.done:
             raise RuntimeError("resolve() must follow submit() on a running episode")
@@ -265,12 +277,35 @@ class MultiTurnSearchEnv(gym.Env):
                 obs_ids = self._append_observation("", self.protocol.rethink_text, "", is_search=False)
             truncated = truncated or (not terminated and self.remaining_tokens == 0)
         self.pending_query = None
-        reward = 0.0
+        self._last_step = (obs_ids, terminated, truncated)
         if terminated or truncated:
             self.done = True
-            reward = self._score().total
-        info = self._step_info()
-        return StepResult(np.asarray(obs_ids, dtype=np.int64), reward, terminated, truncated, info)
+            if score:
+                score_episodes([self])
+        return self.last_step_result()
+
+    def last_step_result(self) -> StepResult:
+        """The result of the last resolved turn; its reward is the episode's once the episode is scored."""
+        obs_ids, terminated, truncated = self._last_step
+        reward = self.reward_breakdown.total if self.done and self.reward_breakdown is not None else 0.0
+        return StepResult(
+            np.asarray(obs_ids, dtype=np.int64), reward, terminated, truncated, self._step_info()
+        )
+
+    @property
+    def awaits_score(self) -> bool:
+        """The episode ended but is not scored yet (``resolve(score=False)``)."""
+        return self.done and self.reward_breakdown is None
+
+    @property
+    def needs_judge(self) -> bool:
+        """Scoring this finished episode asks the evidence judge: its reward has an evidence term, a judge
+        is configured and the response holds a non-empty evidence box."""
+        return (
+            self.reward_name in REWARDS_USING_EVIDENCE_JUDGE
+            and self.judge is not None
+            and bool((self.evidence or "").strip())
+        )
 
     # --- helpers ------------------------------------------------------------------------------------------
     def render_prompt(self, question: str) -> tuple[str, list[int]]:
@@ -343,8 +378,8 @@ class MultiTurnSearchEnv(gym.Env):
             self.retrieved_blocks.append(body)
         return list(ids)
 
-    def summary(self) -> ResponseSummary:
-        """What the response said and saw, for the reward."""
+    def summary(self, evidence_answer: str | None = None, judge_error: str | None = None) -> ResponseSummary:
+        """What the response said and saw, for the reward (with the evidence judge's answer or error)."""
         check = self.protocol.check_format(self.trajectory.response_turns())
         return ResponseSummary(
             question=self.record.question if self.record else "",
@@ -354,10 +389,17 @@ class MultiTurnSearchEnv(gym.Env):
             retrieved_blocks=tuple(self.retrieved_blocks),
             format_valid=check.valid,
             format_reason=check.reason,
+            evidence_answer=evidence_answer,
+            judge_error=judge_error,
         )
 
-    def _score(self) -> RewardBreakdown:
-        summary = self.summary()
+    def score(self, evidence_answer: str | None = None, judge_error: str | None = None) -> RewardBreakdown:
+        """Score the finished episode (``evidence_answer``/``judge_error``: what the evidence judge said);
+        call :func:`score_episodes` rather than this to have the judge asked."""
+        if not self.done:
+            raise RuntimeError("score() needs a finished episode")
+        self.evidence_answer = evidence_answer
+        summary = self.summary(evidence_answer, judge_error)
         golds = self.record.golden_answers if self.record else []
         try:
             self.reward_breakdown = self.reward_fn(summary, golds)
@@ -385,6 +427,7 @@ class MultiTurnSearchEnv(gym.Env):
                 reward_notes=dict(self.reward_breakdown.notes),
                 format_valid=self._summary.format_valid,
                 format_reason=self._summary.format_reason,
+                evidence_answer=self.evidence_answer,
                 generated_tokens=self.trajectory.num_generated_tokens,
                 observation_tokens=self.trajectory.num_observation_tokens,
             )
@@ -397,38 +440,90 @@ def _unpack_action(action: Any) -> tuple[Sequence[int], Sequence[float] | None]:
     return action, None
 
 
-def step_batch_resolve(envs: Sequence[MultiTurnSearchEnv], retriever: Retriever | None) -> list[StepResult]:
+def step_batch_resolve(
+    envs: Sequence[MultiTurnSearchEnv], retriever: Retriever | None, *, score: bool = True
+) -> list[StepResult]:
     """Resolve the turn of every env (after ``submit``), running all pending queries in ONE retriever call
-    per distinct ``topk``. A retriever failure becomes an error observation for those episodes."""
-    results: dict[int, StepResult] = {}
+    per distinct ``topk``. A retriever failure becomes an error observation for those episodes. Episodes
+    that end are scored together (one judge call), unless ``score=False``."""
     by_topk: dict[int, list[int]] = {}
     for index, env in enumerate(envs):
         if env.pending_query is None:
-            results[index] = env.resolve()
+            env.resolve(score=False)
         else:
             by_topk.setdefault(env.config.topk, []).append(index)
     for topk, indices in by_topk.items():
         queries = [envs[i].pending_query or "" for i in indices]
         found, error = _search(retriever, queries, topk)
         for position, i in enumerate(indices):
-            results[i] = envs[i].resolve(found[position] if found else None, error)
-    return [results[i] for i in range(len(envs))]
+            envs[i].resolve(found[position] if found else None, error, score=False)
+    if score:
+        score_episodes(envs)
+    return [env.last_step_result() for env in envs]
 
 
 def step_batch(
     envs: Sequence[MultiTurnSearchEnv],
     actions: Sequence[Any],
     retriever: Retriever | None = None,
+    *,
+    score: bool = True,
 ) -> list[StepResult]:
     """Advance many episodes by one turn each: parse every segment, then one retriever call for the turn.
 
-    ``retriever`` defaults to the first env's. Each env must be running (not ``done``).
+    ``retriever`` defaults to the first env's. Each env must be running (not ``done``). Episodes that end
+    are scored with one judge call for all of them; ``score=False`` leaves them to :func:`score_episodes`.
     """
     if len(envs) != len(actions):
         raise ValueError(f"{len(envs)} envs but {len(actions)} actions")
     for env, action in zip(envs, actions):
         env.submit(*_unpack_action(action))
-    return step_batch_resolve(envs, retriever if retriever is not None else envs[0].retriever)
+    return step_batch_resolve(envs, retriever if retriever is not None else envs[0].retriever, score=score)
+
+
+@dataclass
+class JudgeReport:
+    """What :func:`score_episodes` asked of the evidence judge: calls, prompts, failed prompts, seconds."""
+
+    calls: int = 0
+    prompts: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+
+def score_episodes(envs: Sequence[MultiTurnSearchEnv]) -> JudgeReport:
+    """Score every finished, unscored episode of ``envs``, asking each evidence judge ONCE for all the
+    episodes that need it (R-Search's evidence term). A judge failure costs those episodes their evidence
+    term (scored 0, ``judge_error`` 1, logged) and never the run."""
+    report = JudgeReport()
+    pending = [env for env in envs if env.awaits_score]
+    by_judge: dict[int, list[MultiTurnSearchEnv]] = {}
+    for env in pending:
+        if env.needs_judge:
+            by_judge.setdefault(id(env.judge), []).append(env)
+    answers: dict[int, tuple[str | None, str | None]] = {}
+    for group in by_judge.values():
+        judge = group[0].judge
+        questions = [env.record.question if env.record else "" for env in group]
+        evidences = [env.evidence or "" for env in group]
+        started = time.perf_counter()
+        try:
+            judged = list(judge.answer_evidence(questions, evidences))
+            if len(judged) != len(group):
+                raise RuntimeError(f"the judge returned {len(judged)} answers for {len(group)} questions")
+            results = [(str(answer), None) for answer in judged]
+        except Exception as error:  # the judge failing costs these samples their evidence term, not the run
+            logger.warning("evidence judge failed on %d episodes: %s", len(group), error)
+            results = [(None, f"{type(error).__name__}: {error}")] * len(group)
+            report.errors += len(group)
+        report.seconds += time.perf_counter() - started
+        report.calls += 1
+        report.prompts += len(group)
+        for env, result in zip(group, results):
+            answers[id(env)] = result
+    for env in pending:
+        env.score(*answers.get(id(env), (None, None)))
+    return report
 
 
 def _search(

@@ -117,6 +117,13 @@ def load_causal_lm(
     return model, tokenizer
 
 
+def resolve_model_path(name_or_path: str) -> str:
+    """A name any Hugging Face-compatible loader (vLLM included) can open: a bundled alias becomes the
+    directory of its converted copy (converted on first use); hub names and paths are returned as given."""
+    bundled = BUNDLED_MODELS.get(name_or_path)
+    return str(_converted_copy(bundled)) if bundled is not None else name_or_path
+
+
 def _converted_copy(bundled: BundledModel) -> Path:
     """The plain Hugging Face copy (model + tokenizer) of a bundled GGUF model, converted on first use.
 

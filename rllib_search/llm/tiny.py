@@ -104,30 +104,35 @@ def teach_to_emit(
     model_dir: str | Path,
     out_dir: str | Path,
     questions: list[str],
-    text: str,
+    text: str | list[str],
     steps: int = 120,
     lr: float = 3e-3,
+    system: str | None = None,
 ) -> Path:
     """Train the model in ``model_dir`` for a few steps to answer each chat-templated question with ``text``
     (loss on ``text`` only), and save it to ``out_dir``. With the default tiny model, greedy and sampled
     generations then follow ``text``: a quick way to get a policy that emits a protocol's tags, so stop
-    strings and searches actually happen in tests and benchmarks. Returns ``out_dir``."""
+    strings and searches actually happen in tests and benchmarks. A list of texts is taught in turns: the
+    model then samples each about equally often. ``system`` is a system message before each question
+    (protocols whose instruction is one, such as R-Search's). Returns ``out_dir``."""
     import torch
 
     from rllib_search.llm.models import load_causal_lm
 
     model, tokenizer = load_causal_lm(str(model_dir))
-    target = tokenizer.encode(text)
+    targets = [tokenizer.encode(t) for t in ([text] if isinstance(text, str) else text)]
     prompts = []
     for question in questions:
-        chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
-        )
+        messages = [{"role": "user", "content": question}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
+        chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompts.append(tokenizer(chat, add_special_tokens=False)["input_ids"])
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
         prompt = prompts[step % len(prompts)]
+        target = targets[(step // len(prompts)) % len(targets)]
         ids = torch.tensor([prompt + target])
         labels = ids.clone()
         labels[0, : len(prompt)] = -100

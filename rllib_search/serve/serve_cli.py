@@ -1,6 +1,10 @@
-"""``rllib-search serve retriever --index DIR``: run the retriever application on Ray Serve.
+"""``rllib-search serve retriever|judge``: run the retriever or the evidence judge on Ray Serve.
 
-Connects to a running Ray cluster when there is one (``ray start`` / ``RAY_ADDRESS``), else starts a
+- ``serve retriever --index DIR``: Search-R1's ``POST /retrieve`` at ``/``;
+- ``serve judge [--model gemma3-270m] [--engine hf|vllm]``: the OpenAI-compatible judge at
+  ``/judge/v1/...`` (``--route-prefix``), so both can share one Serve instance.
+
+Each connects to a running Ray cluster when there is one (``ray start`` / ``RAY_ADDRESS``), else starts a
 local one; binds HTTP to 127.0.0.1 unless ``--host`` says otherwise; serves until interrupted.
 
 ``--high-throughput`` starts the local Ray with Ray's high-throughput Serve settings
@@ -29,15 +33,8 @@ def add_serve_commands(subparsers: Any) -> None:
         "--index", required=True, help="index directory built by `rllib-search index build`"
     )
     retriever.add_argument("--encoder", help="expected encoder (checked against the index manifest)")
-    retriever.add_argument("--host", default="127.0.0.1", help="HTTP host (default: loopback only)")
-    retriever.add_argument("--port", type=int, default=8000)
-    retriever.add_argument("--min-replicas", type=int, default=1)
-    retriever.add_argument("--max-replicas", type=int, default=1)
-    retriever.add_argument("--target-ongoing-requests", type=float, default=16)
-    retriever.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
-    retriever.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
+    _add_deployment_arguments(retriever, target_ongoing_requests=16, batch_wait_ms=5.0)
     retriever.add_argument("--max-batch-queries", type=int, default=1024)
-    retriever.add_argument("--batch-wait-ms", type=float, default=5.0)
     retriever.add_argument(
         "--dtype",
         default="auto",
@@ -49,15 +46,56 @@ def add_serve_commands(subparsers: Any) -> None:
         action="store_true",
         help="start the local Ray with HAProxy ingress and Ray's throughput-optimised Serve settings",
     )
-    retriever.add_argument(
+    _add_cluster_arguments(retriever)
+    retriever.set_defaults(func=cmd_serve_retriever)
+
+    judge = serve_sub.add_parser("judge", help="the evidence judge (OpenAI-compatible completions)")
+    judge.add_argument("--model", default="gemma3-270m", help="bundled alias, hub name or local path")
+    judge.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hf (CPU/GPU) or vllm (GPU)")
+    judge.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
+    judge.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    judge.add_argument("--route-prefix", default="/judge", help="HTTP prefix (endpoints at PREFIX/v1/...)")
+    _add_deployment_arguments(judge, target_ongoing_requests=8, batch_wait_ms=10.0)
+    judge.add_argument("--max-batch-prompts", type=int, default=256)
+    judge.add_argument("--max-tokens", type=int, default=32, help="default answer length in tokens")
+    judge.add_argument("--temperature", type=float, default=0.0, help="default temperature (R-Search: 0.1)")
+    _add_cluster_arguments(judge)
+    judge.set_defaults(func=cmd_serve_judge)
+
+
+def _add_deployment_arguments(
+    parser: argparse.ArgumentParser, *, target_ongoing_requests: float, batch_wait_ms: float
+) -> None:
+    """HTTP address, replicas (autoscaling bounds and target), resources per replica, batch wait."""
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--min-replicas", type=int, default=1)
+    parser.add_argument("--max-replicas", type=int, default=1)
+    parser.add_argument("--target-ongoing-requests", type=float, default=target_ongoing_requests)
+    parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
+    parser.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
+    parser.add_argument("--batch-wait-ms", type=float, default=batch_wait_ms)
+
+
+def _deployment_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Serve deployment options the command line sets (autoscaling and resources per replica)."""
+    return {
+        "autoscaling_config": {
+            "min_replicas": args.min_replicas,
+            "max_replicas": args.max_replicas,
+            "target_ongoing_requests": args.target_ongoing_requests,
+        },
+        "ray_actor_options": {"num_cpus": args.num_cpus, "num_gpus": args.num_gpus},
+    }
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--address",
         default=None,
         help="Ray address; 'local' starts a new local Ray (default: a running cluster if any, else local)",
     )
-    retriever.add_argument(
-        "--duration-s", type=float, help="stop after this many seconds (default: run forever)"
-    )
-    retriever.set_defaults(func=cmd_serve_retriever)
+    parser.add_argument("--duration-s", type=float, help="stop after this many seconds (default: forever)")
 
 
 def retriever_app_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,20 +106,49 @@ def retriever_app_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch_queries": args.max_batch_queries,
         "batch_wait_timeout_s": args.batch_wait_ms / 1000,
         "dtype": args.dtype,
-        "autoscaling_config": {
-            "min_replicas": args.min_replicas,
-            "max_replicas": args.max_replicas,
-            "target_ongoing_requests": args.target_ongoing_requests,
-        },
-        "ray_actor_options": {"num_cpus": args.num_cpus, "num_gpus": args.num_gpus},
+        **_deployment_options(args),
+    }
+
+
+def judge_app_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The judge application builder's arguments from the command line."""
+    return {
+        "model": args.model,
+        "engine": args.engine,
+        "served_model_name": args.served_model_name,
+        "dtype": args.dtype,
+        "max_batch_prompts": args.max_batch_prompts,
+        "batch_wait_timeout_s": args.batch_wait_ms / 1000,
+        "default_max_tokens": args.max_tokens,
+        "default_temperature": args.temperature,
+        **_deployment_options(args),
     }
 
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
+    from rllib_search.serve.retriever import APP_NAME, build_retriever_app
+
+    def app() -> Any:
+        return build_retriever_app(retriever_app_args(args))
+
+    return _serve(args, app, APP_NAME, "/", "retriever", "POST {url}/retrieve")
+
+
+def cmd_serve_judge(args: argparse.Namespace) -> int:
+    from rllib_search.serve.judge import APP_NAME, build_judge_app
+
+    def app() -> Any:
+        return build_judge_app(judge_app_args(args))
+
+    prefix = "/" + args.route_prefix.strip("/") if args.route_prefix.strip("/") else "/"
+    return _serve(args, app, APP_NAME, prefix, "judge", "OpenAI base URL {url}/v1")
+
+
+def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: str, endpoint: str) -> int:
+    """Connect to (or start) Ray, run the application ``build()`` under ``prefix``, serve until
+    interrupted or ``--duration-s``."""
     import ray
     from ray import serve
-
-    from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 
     if args.address == "local":
         address = None
@@ -89,9 +156,10 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
         address = args.address
     else:
         address = "auto" if _cluster_running() else None
-    if args.high_throughput and address is None:
+    high_throughput = getattr(args, "high_throughput", False)
+    if high_throughput and address is None:
         os.environ.update(HIGH_THROUGHPUT_ENV)  # inherited by the Ray processes ray.init starts
-    elif args.high_throughput:
+    elif high_throughput:
         print(
             "[serve] --high-throughput only configures a Ray this command starts; on a running cluster "
             f"export {' and '.join(f'{k}=1' for k in HIGH_THROUGHPUT_ENV)} before `ray start`",
@@ -99,16 +167,17 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
         )
     ray.init(address=address, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(build_retriever_app(retriever_app_args(args)), name=APP_NAME, route_prefix="/")
+    serve.run(build(), name=name, route_prefix=prefix)
     ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "proxy actor"
-    print(f"[serve] retriever ready ({ingress}): POST http://{args.host}:{args.port}/retrieve", flush=True)
+    url = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"
+    print(f"[serve] {what} ready ({ingress}): {endpoint.format(url=url)}", flush=True)
     started = time.monotonic()
     try:
         while args.duration_s is None or time.monotonic() - started < args.duration_s:
             time.sleep(1.0)
     except KeyboardInterrupt:
         pass
-    serve.delete(APP_NAME)
+    serve.delete(name)
     return 0
 
 

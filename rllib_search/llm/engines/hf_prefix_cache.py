@@ -27,6 +27,12 @@ already stopped until the last row stops. This engine runs its own decode loop i
 - the stop-string check decodes a row's last tokens only after a token whose text holds a stop string's
   last character (or a partial UTF-8 byte): other tokens cannot complete a stop string.
 
+Models with sliding-window layers (Gemma-3) run here while a call fits in their window: when every row's
+prefix plus its token limit is at most the window, no position ever falls out of it, so full-attention
+caches give exactly the sliding-window model's outputs (the attention mask still applies the window, which
+never binds). A call that does not fit is handed to ``HFEngine`` (the model's own sliding caches) and the
+kept caches are dropped. Short calls, such as an evidence judge's, get the whole engine.
+
 All rows of a call share one decode batch (``max_batch_size`` is not used here; ``prefill_tokens`` bounds
 a prefill pass). Only the caches made by the latest call are kept: in a lock-step rollout every next
 prefix extends one of them. ``load_weights`` (and ``reset_cache``) drop them, since they were computed
@@ -44,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rllib_search.llm.engines.base import SamplingParams, Segment, decode, finish_segment, row_limits
 from rllib_search.llm.engines.hf import HFEngine, _Sampler
@@ -162,17 +168,13 @@ class PrefixCachingHFEngine(HFEngine):
     ``prefill_tokens`` bounds the (padded) tokens of one prefill forward pass: a call's new tokens are fed
     in several passes when they exceed it. Prefixes with no kept cache that start alike for at least
     ``min_shared_tokens`` tokens (different questions after one prompt template) prefill that start once.
-    Models with sliding-window layers are not supported (:meth:`supports` tells): their caches do not keep
-    every position.
+    A model with sliding-window layers is served here only by the calls that fit in its window
+    (``window``; see the module docstring); :meth:`supports` tells whether every call is.
     """
 
     def __init__(self, *args, prefill_tokens: int = 16384, min_shared_tokens: int = 32, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if not self.supports(self.model):
-            raise ValueError(
-                "PrefixCachingHFEngine needs a model whose layers all use full attention "
-                "(this one has sliding-window layers); use HFEngine (engine_options={'prefix_cache': False})"
-            )
+        self.window = self.attention_window(self.model)
         self.prefill_tokens = prefill_tokens
         self.min_shared_tokens = min_shared_tokens
         self._caches = _KeptCaches()
@@ -188,8 +190,21 @@ class PrefixCachingHFEngine(HFEngine):
 
     @staticmethod
     def supports(model) -> bool:
-        """Whether every layer of ``model`` keeps a full-attention cache (no sliding window)."""
+        """Whether every call runs on this engine: every layer of ``model`` keeps a full-attention cache."""
         return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+    @staticmethod
+    def attention_window(model) -> int | None:
+        """The smallest sliding window of ``model``'s layers (None when every layer attends to every
+        position); other cache kinds (linear attention, ...) are refused."""
+        layers = DynamicCache(config=model.config).layers
+        unknown = {type(layer).__name__ for layer in layers} - {"DynamicLayer", "DynamicSlidingWindowLayer"}
+        if unknown:
+            raise ValueError(
+                f"PrefixCachingHFEngine does not know the cache layers {sorted(unknown)}; use HFEngine"
+            )
+        windows = [layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)]
+        return min(windows) if windows else None
 
     def reset_cache(self) -> None:
         self._caches.replace({})
@@ -209,6 +224,12 @@ class PrefixCachingHFEngine(HFEngine):
         rows = [
             _Row(i, list(p), limit, [], []) for i, (p, limit) in enumerate(zip(prefixes, limits)) if limit > 0
         ]
+        widest = max((len(row.prefix) for row in rows), default=0) + max(
+            (row.limit for row in rows), default=0
+        )
+        if self.window is not None and widest > self.window:
+            self.reset_cache()  # the plain engine keeps none; ours would not match the next call anyway
+            return super().generate(prefixes, params, max_new_tokens)
         generator = (
             torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         )

@@ -1,0 +1,76 @@
+"""What the two recipe scales share: the CPU path's model and budgets, and the GPU path's cluster layout."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Scale = Literal["paper", "cpu"]
+
+CPU_POLICY = "smollm2-135m-instruct"
+CPU_JUDGE = "gemma3-270m"
+
+# Budgets for two CPU cores: short turns and contexts, few questions an iteration (the main job's).
+CPU_ENV = {"max_turns": 3, "topk": 2, "max_obs_tokens": 100, "max_total_tokens": 1024}
+CPU_ROLLOUTS = {"prompts_per_sample": 2, "max_turn_tokens": 48, "engine": "hf"}
+CPU_TRAINING = {"lr": 3e-5, "micro_batch_size": 4, "minibatch_size": 8}
+
+# The papers' nodes: 8 GPUs, here 4 learners and 4 vLLM EnvRunners with a GPU each.
+PAPER_LEARNERS = 4
+PAPER_ENV_RUNNERS = 4
+
+
+def check_scale(scale: str) -> Scale:
+    if scale not in ("paper", "cpu"):
+        raise ValueError(f"scale must be 'paper' or 'cpu', got {scale!r}")
+    return scale  # type: ignore[return-value]
+
+
+def env_settings(scale: Scale, paper: dict[str, Any]) -> dict[str, Any]:
+    """The paper's env budgets, or the CPU budgets over them."""
+    return dict(paper) if scale == "paper" else {**paper, **CPU_ENV}
+
+
+def at_cpu_scale(
+    config: Any,
+    *,
+    model: str | None,
+    group_size: int,
+    model_config: dict[str, Any] | None = None,
+    rollouts: dict[str, Any] | None = None,
+    training: dict[str, Any] | None = None,
+) -> Any:
+    """``config`` on the embedded default: the bundled policy (or ``model``), HF rollouts, local learner."""
+    return (
+        config.rl_module(model_config={"model": model or CPU_POLICY, **(model_config or {})})
+        .rollouts(group_size=group_size, **{**CPU_ROLLOUTS, **(rollouts or {})})
+        .training(**{**CPU_TRAINING, **(training or {})})
+    )
+
+
+def at_paper_scale(
+    config: Any,
+    *,
+    model: str,
+    group_size: int,
+    prompts_per_iteration: int,
+    max_turn_tokens: int,
+    training: dict[str, Any],
+    model_config: dict[str, Any] | None = None,
+) -> Any:
+    """``config`` on one 8-GPU node: the paper's model with activation checkpointing, vLLM rollouts at
+    temperature 1 spread over the EnvRunners, GPU learners (DDP, or DeepSpeed where ``training`` asks)."""
+    return (
+        config.rl_module(
+            model_config={"model": model, "gradient_checkpointing": True, **(model_config or {})}
+        )
+        .rollouts(
+            group_size=group_size,
+            prompts_per_sample=prompts_per_iteration // PAPER_ENV_RUNNERS,
+            engine="vllm",
+            temperature=1.0,
+            max_turn_tokens=max_turn_tokens,
+        )
+        .training(**training)
+        .learners(num_learners=PAPER_LEARNERS, num_gpus_per_learner=1)
+        .env_runners(num_env_runners=PAPER_ENV_RUNNERS, num_gpus_per_env_runner=1)
+    )
