@@ -78,7 +78,11 @@ def ray_cluster():
     """One local Ray for the session (4 logical CPUs: two retriever replicas and two learners fit)."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    # address="local": a private Ray even where another cluster runs on this machine (`ray start`, another
+    # test run): joining it would refuse num_cpus and tie the tests to its lifetime.
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False
+    )
     yield
     ray.shutdown()
 

@@ -1,12 +1,18 @@
-"""The README's main job (tuned_examples/tiny_cpu_grpo.py) end to end with a tiny model, in a subprocess
-(it starts and stops its own Ray and Serve)."""
+"""The tuned examples end to end in subprocesses (each starts its own local Ray and Serve, or joins the
+cluster it is submitted to): the README's main job, every paper recipe's --smoke path, the λ sweep with its
+tables and resume, and an example submitted with the Job Submission API to a `ray start` head."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -39,3 +45,134 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert (out / "warm_start_model" / "config.json").exists()
 
     assert Path(summary["checkpoint"], "learner_group").is_dir()
+
+
+EXAMPLES = ["search_r1_grpo", "search_r1_ppo", "r1_searcher", "r_search_grpo"]
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("examples_policy")
+    return str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
+
+
+def run_example(name: str, *args: str, env: dict | None = None, timeout: int = 600):
+    argv = [sys.executable, str(ROOT / "tuned_examples" / f"{name}.py"), *args]
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        argv, cwd=ROOT, env={**environment, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_tuned_example_runs_its_smoke_path(name, tiny_policy, tmp_path):
+    """Each example's --smoke: a local Ray with the dashboard, the embedded world, the served retriever (and
+    the bundled Gemma judge for R-Search), one training iteration (two for R1-Searcher: one per stage),
+    held-out evaluation, a checkpoint, summary.json and training.png (a tiny policy stands in for SmolLM2)."""
+    out = tmp_path / "out"
+    stdout = run_example(name, "--smoke", "--model", tiny_policy, "--out", str(out), "--num-cpus", "2")
+    assert "Ray dashboard: http://127.0.0.1:" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scale"] == "smoke" and Path(summary["checkpoint"], "learner_group").is_dir()
+    iterations = summary["iterations"]
+    assert len(iterations) == (2 if name == "r1_searcher" else 1)
+    assert all(row["held_out"]["num_questions"] == 8 for row in iterations)
+    if name == "r1_searcher":
+        assert [row["reward_stage"] for row in iterations] == [0, 1]
+        assert "retrieval" in iterations[0]["reward_components"]
+        assert "retrieval" not in iterations[1]["reward_components"]
+    if name == "r_search_grpo":
+        assert "evidence_f1" in iterations[0]["reward_components"] and iterations[0]["judge_errors"] == 0
+    assert (out / "training.png").stat().st_size > 0
+
+
+def test_the_lambda_sweep_writes_its_tables_and_resumes(tiny_policy, tmp_path):
+    out = tmp_path / "sweep"
+    argv = ["--smoke", "--model", tiny_policy, "--out", str(out), "--num-cpus", "2"]
+    run_example("lambda_sweep", *argv)
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((float(r["lambda_format"]), int(r["seed"])) for r in rows) == [
+        (0.2, 0),
+        (0.2, 1),
+        (0.6, 0),
+        (0.6, 1),
+    ]
+    assert all(0.0 <= float(r["held_out_em"]) <= 1.0 for r in rows)
+    assert all(int(r["iterations"]) == 1 for r in rows)
+    table = (out / "results.md").read_text()
+    assert "Mean over seeds" in table and "| 0.600 | 0.000 | 2 |" in table
+    assert (out / "curves.png").stat().st_size > 0
+    # Run again: the finished experiment is restored, not retrained.
+    stdout = run_example("lambda_sweep", *argv)
+    assert "resuming the sweep" in stdout
+    with (out / "results.csv").open() as handle:
+        assert list(csv.DictReader(handle)) == rows
+
+
+def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path):
+    """`ray start --head` on 127.0.0.1, then the README's `RAY_AUTH_MODE=token ray job submit --working-dir .
+    -- python tuned_examples/...`: the job joins the cluster without passing resources, SUCCEEDS (the CLI
+    waits for it through the Job Submission API) and writes its outputs."""
+    import signal
+
+    import psutil
+
+    from tests.helpers import free_port
+
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # As in an activated venv: the job's `python` is this interpreter.
+    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
+    gcs_port, dashboard_port = free_port(), free_port()
+    # Its own temp dir: `ray start` records its address there, not in /tmp/ray where every later `ray.init()`
+    # on this machine would find it (and, once this head is gone, fail to reach it). Short: socket paths.
+    temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
+    head = subprocess.Popen(
+        [
+            ray_cli,
+            *("start", "--head", "--block", "--temp-dir", temp_dir),
+            *("--node-ip-address", "127.0.0.1", "--port", str(gcs_port)),
+            *("--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port), "--num-cpus", "2"),
+        ],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    out = tmp_path / "job_out"
+    submit = [
+        ray_cli,
+        *("job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--working-dir", str(ROOT)),
+        "--runtime-env-json",
+        json.dumps({"excludes": [".venv/", "runs/", "benchmarks/results/"]}),
+        "--",
+        *("python", "tuned_examples/search_r1_grpo.py", "--smoke", "--model", tiny_policy, "--out", str(out)),
+    ]
+    try:
+        deadline = time.monotonic() + 600
+        while True:  # the head's dashboard and job agent take a few seconds to answer
+            done = subprocess.run(
+                submit,
+                env={**environment, "RAY_AUTH_MODE": "token"},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            starting = ("Failed to connect", "No available agent")  # the head is still coming up
+            if done.returncode == 0 or not any(text in done.stderr + done.stdout for text in starting):
+                break
+            assert time.monotonic() < deadline, done.stderr[-2000:]
+            time.sleep(3)
+        logs = done.stdout + done.stderr
+        assert done.returncode == 0, logs[-4000:]
+        assert "succeeded" in logs and "Connecting to existing Ray cluster" in logs
+        assert "iter   1/1" in logs
+        assert (out / "summary.json").exists() and (out / "checkpoint").is_dir()
+    finally:
+        for process in [head, *psutil.Process(head.pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)

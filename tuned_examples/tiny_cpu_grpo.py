@@ -1,7 +1,9 @@
 """End to end on 2 CPU cores: warm-start SmolLM2-135M-Instruct on teacher trajectories, then GRPO.
 
     python tuned_examples/tiny_cpu_grpo.py            # the README's main job (about 10-15 minutes)
+    python tuned_examples/tiny_cpu_grpo.py --smoke    # every stage at the smallest size (minutes)
     python tuned_examples/tiny_cpu_grpo.py --help     # every knob
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- python tuned_examples/tiny_cpu_grpo.py  # cluster
 
 What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever as a Ray Serve app):
 
@@ -62,26 +64,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-turn-tokens", type=int, default=48)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    return p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
+        args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import ray
     import torch
-    from ray import serve
 
     from rllib_search import ENV_ID
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
-    from rllib_search.data.formats import read_qa_file
-    from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.env.rewards import exact_match
     from rllib_search.env.search_env import SearchEnvConfig
-    from rllib_search.llm.models import cache_dir, load_tokenizer
+    from rllib_search.llm.models import load_tokenizer
+    from rllib_search.recipes import embedded
+    from rllib_search.recipes.jobs import connect
     from rllib_search.serve.client import RetrieverClient
-    from rllib_search.serve.indexes import build_index
-    from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -91,13 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
 
-    # 1. World, index, served retriever.
-    world_dir = cache_dir() / "worlds" / f"demo_seed{args.world_seed}"
-    paths = ensure_world(world_dir, SyntheticWorldConfig(seed=args.world_seed))
-    index_dir = world_dir / "bm25_index"
-    if not (index_dir / "manifest.json").exists():
-        build_index(paths["corpus_parquet"], index_dir, kind="bm25", progress=False)
-    train, test = read_qa_file(paths["train_parquet"]), read_qa_file(paths["test_parquet"])
+    # 1. World, index, served retriever. On a running cluster (`ray job submit`) the job joins it; alone it
+    # starts a local Ray whose dashboard (127.0.0.1) shows the run.
+    world = embedded.embedded_world(args.world_seed)
+    train, test = world.records("train"), world.records("test")
     by_hops = {h: [r for r in train if r.extra["num_hops"] == h] for h in (1, 2)}
     held_out = {h: [r for r in test if r.extra["num_hops"] == h][: args.eval_questions] for h in (1, 2)}
     say(
@@ -105,15 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(1-hop {len(by_hops[1])}, 2-hop {len(by_hops[2])})"
     )
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-    serve.run(
-        build_retriever_app(
-            {"index_dir": str(index_dir), "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}
-        ),
-        name=APP_NAME,
-        route_prefix="/",
-    )
+    dashboard = connect(num_cpus=2)
+    if dashboard:
+        say(f"Ray dashboard: {dashboard} (metrics view: Metrics)")
+    retriever_spec, started_retriever = embedded.serve_retriever(world.index)
     say("retriever: BM25 over the world's passages, served by Ray Serve")
 
     env_settings: dict[str, Any] = {
@@ -123,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
         "max_obs_tokens": 100,
         "max_total_tokens": 1024,
     }
-    retriever_spec = {"type": "serve", "app": APP_NAME, "timeout_s": 60}
 
     def base_config(cls: type, model: str, dataset: list) -> Any:
         return (
@@ -149,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return row
 
     # 2-3. Evaluate the base model, warm-start it with masked SFT on 1-hop teacher trajectories, evaluate.
-    client = RetrieverClient.from_app(APP_NAME, timeout_s=60)
+    client = RetrieverClient.from_app(embedded.RETRIEVER_APP, timeout_s=60)
     tokenizer = load_tokenizer(args.model)
     demo_questions = by_hops[1][: args.demonstrations] + by_hops[2][: args.two_hop_demonstrations]
     # RL questions: training questions of the chosen hop counts that were never demonstrated.
@@ -210,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     table.append(evaluate(grpo, "after RL"))
     checkpoint = grpo.save_to_path(str((out / "checkpoint").resolve()))
     grpo.stop()
-    serve.shutdown()
-    ray.shutdown()
+    if started_retriever:
+        embedded.stop_apps([embedded.RETRIEVER_APP])
 
     # 5. Report.
     print("\nheld-out evaluation (greedy)")
@@ -231,14 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     plot(table, history, out / "training.png")
     say(f"checkpoint {checkpoint}; wrote {out / 'summary.json'} and {out / 'training.png'}")
     return 0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def plot(table: list[dict[str, Any]], history: list[dict[str, Any]], path: Path) -> None:

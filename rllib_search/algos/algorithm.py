@@ -13,7 +13,9 @@ One training step:
 5. **metrics** through RLlib's MetricsLogger (``env_runners/...``, ``learners/...``) so Tune and the Ray
    dashboard see them;
 6. **reward schedule** (when the config has one, R1-Searcher's two stages): the iteration's results decide
-   whether the next iteration samples with the next stage's reward; the stage is checkpointed.
+   whether the next iteration samples with the next stage's reward; the stage is checkpointed;
+7. **held-out evaluation** every ``held_out_interval`` iterations when ``config.held_out(dataset=...)`` is
+   set: greedy episodes on the held-out questions, results under ``evaluation/``.
 
 ``evaluate_questions`` rolls a fixed question list out greedily for held-out tables, and ``export`` writes
 a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and vLLM load.
@@ -62,6 +64,29 @@ def episode_advantages(rollouts: list[Rollout], config: Any) -> np.ndarray:
     raise ValueError(f"unknown advantage_estimator {estimator!r}")
 
 
+def held_out_metrics(rollouts: list[Rollout]) -> dict[str, Any]:
+    """Means over greedy held-out episodes: answer metrics, format validity, searches, turns, EM by source."""
+    from rllib_search.env.rewards import cover_exact_match, exact_match, token_f1
+
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values)) if values else 0.0
+
+    em = [exact_match(r.answer, r.golden_answers) for r in rollouts]
+    by_source: dict[str, list[float]] = {}
+    for rollout, value in zip(rollouts, em):
+        by_source.setdefault(rollout.data_source, []).append(value)
+    return {
+        "em": mean(em),
+        "f1": mean([token_f1(r.answer, r.golden_answers) for r in rollouts]),
+        "cover_em": mean([cover_exact_match(r.answer, r.golden_answers) for r in rollouts]),
+        "format_valid": mean([float(r.format_valid) for r in rollouts]),
+        "searches_per_episode": mean([r.stats["searches"] for r in rollouts]),
+        "turns_per_episode": mean([r.stats["turns"] for r in rollouts]),
+        "num_questions": len(rollouts),
+        "em_by_source": {source: mean(values) for source, values in sorted(by_source.items())},
+    }
+
+
 def train_batch(rollouts: list[Rollout], config: Any, pad_token_id: int) -> MultiAgentBatch:
     """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode)."""
     columns = {k: v.numpy() for k, v in pad_rollouts(rollouts, pad_token_id).items()}
@@ -108,6 +133,21 @@ class SearchAlgorithm(Algorithm):
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
         self._advance_reward_schedule()
+        if (
+            self.config.held_out_dataset is not None
+            and (self.iteration + 1) % self.config.held_out_interval == 0
+        ):
+            self.metrics.log_dict(self.evaluate_held_out(), key="evaluation", window=1)
+
+    def evaluate_held_out(self) -> dict[str, Any]:
+        """Roll the config's held-out questions out greedily with the current weights; their EM, F1,
+        cover-EM, format-valid rate, searches and turns per episode, and EM per data source."""
+        if not hasattr(self, "_held_out_records"):
+            from rllib_search.algos.env_runner import LLMEnvRunner
+
+            self._held_out_records = LLMEnvRunner._load_dataset(self.config.held_out_dataset)
+        rollouts = self.evaluate_questions(self._held_out_records)
+        return held_out_metrics(rollouts)
 
     def _advance_reward_schedule(self) -> None:
         """Tell the reward schedule what this iteration measured; the next sample uses its stage."""

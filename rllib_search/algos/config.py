@@ -68,6 +68,9 @@ class SearchConfig(AlgorithmConfig):
         self.autocast: bool | None = None
         # A reward schedule (R1-Searcher's two stages); None keeps the env's reward throughout.
         self.reward_stages: list[Any] | None = None
+        # Held-out questions rolled out greedily every `held_out_interval` iterations (None: no evaluation).
+        self.held_out_dataset: Any = None
+        self.held_out_interval = 1
 
     def rollouts(
         self,
@@ -86,6 +89,16 @@ class SearchConfig(AlgorithmConfig):
         for name, value in locals().items():
             if name != "self" and value is not NotProvided:
                 setattr(self, name, value)
+        return self
+
+    def held_out(self, *, dataset: Any = NotProvided, interval: int | Any = NotProvided) -> SearchConfig:
+        """Evaluate on held-out questions (a QA file or a list of ``QARecord``) every ``interval`` training
+        iterations: one greedy episode each on the local EnvRunner; results under ``evaluation/`` (EM, F1,
+        cover-EM, format-valid rate, searches and turns per episode, and EM per data source)."""
+        if dataset is not NotProvided:
+            self.held_out_dataset = dataset
+        if interval is not NotProvided:
+            self.held_out_interval = interval
         return self
 
     def reward_schedule(self, *, stages: list[Any] | Any | None = NotProvided) -> SearchConfig:
@@ -201,6 +214,8 @@ class SearchConfig(AlgorithmConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if int(self.held_out_interval) < 1:
+            raise ValueError(f"held_out interval must be at least 1, got {self.held_out_interval}")
         if self.reward_stages is not None:
             from rllib_search.algos.reward_schedule import RewardSchedule
 

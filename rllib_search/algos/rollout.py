@@ -21,7 +21,9 @@ class Rollout:
     """One episode: ``token_ids`` (prompt + response) with ``loss_mask`` (1 on generated tokens),
     ``logprobs`` (the sampler's, NaN off generated tokens), ``turn_spans`` ((start, end) of each generated
     segment), the reward and its components, the GRPO ``group_id`` (unique across datasets and draws) and
-    the ``weights_version`` of the policy that sampled it."""
+    the ``weights_version`` of the policy that sampled it. ``evidence_answer`` is what the evidence judge
+    answered from the episode's evidence (R-Search), ``reward_notes`` why a reward term is 0, and
+    ``format_valid`` whether the response followed the protocol's format."""
 
     token_ids: np.ndarray
     loss_mask: np.ndarray
@@ -41,6 +43,7 @@ class Rollout:
     stats: dict[str, int] = field(default_factory=dict)
     evidence_answer: str | None = None
     reward_notes: dict[str, str] = field(default_factory=dict)
+    format_valid: bool = False
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -76,6 +79,7 @@ class Rollout:
             stats={"turns": env.turns, **env.stats},
             evidence_answer=env.evidence_answer,
             reward_notes=dict(env.reward_breakdown.notes),
+            format_valid=env.response_summary.format_valid,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -406,7 +406,7 @@ class MultiTurnSearchEnv(gym.Env):
         except Exception as error:  # a broken user reward must not kill a rollout: score 0, say why
             logger.exception("reward %s failed", self.reward_name)
             self.reward_breakdown = RewardBreakdown(0.0, {"reward_error": 1.0}, {"reward": str(error)})
-        self._summary = summary
+        self.response_summary = summary
         return self.reward_breakdown
 
     def _step_info(self) -> dict[str, Any]:
@@ -425,8 +425,8 @@ class MultiTurnSearchEnv(gym.Env):
                 answer=self.answer,
                 reward_components=dict(self.reward_breakdown.components),
                 reward_notes=dict(self.reward_breakdown.notes),
-                format_valid=self._summary.format_valid,
-                format_reason=self._summary.format_reason,
+                format_valid=self.response_summary.format_valid,
+                format_reason=self.response_summary.format_reason,
                 evidence_answer=self.evidence_answer,
                 generated_tokens=self.trajectory.num_generated_tokens,
                 observation_tokens=self.trajectory.num_observation_tokens,

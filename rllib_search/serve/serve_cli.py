@@ -150,12 +150,14 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
     import ray
     from ray import serve
 
+    from rllib_search.serve.ray_cluster import cluster_address
+
     if args.address == "local":
         address = None
     elif args.address is not None:
         address = args.address
     else:
-        address = "auto" if _cluster_running() else None
+        address = cluster_address()
     high_throughput = getattr(args, "high_throughput", False)
     if high_throughput and address is None:
         os.environ.update(HIGH_THROUGHPUT_ENV)  # inherited by the Ray processes ray.init starts
@@ -179,14 +181,3 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
         pass
     serve.delete(name)
     return 0
-
-
-def _cluster_running() -> bool:
-    if os.environ.get("RAY_ADDRESS"):
-        return True
-    try:
-        from ray._private.services import find_gcs_addresses
-
-        return bool(find_gcs_addresses())
-    except Exception:  # no cluster, or a Ray version without this helper: start a local one
-        return False

@@ -1,0 +1,292 @@
+"""Running a recipe as a job: standalone, or with ``ray job submit`` on a running cluster.
+
+``tuned_examples/*.py`` are thin: each builds its paper's config (``recipes/``) and hands it to a
+:class:`RecipeJob`, which
+
+- joins the running cluster when there is one (``ray job submit`` sets ``RAY_ADDRESS``; a local
+  ``ray start`` is found too) and never passes resources to it; otherwise starts a local Ray with the
+  dashboard on 127.0.0.1 and prints its URL;
+- picks the inputs: ``--smoke`` (the same code path on the embedded default at the smallest size: bundled
+  models, synthetic world, served BM25 retriever and Gemma judge, CPU, a few minutes), ``--embedded``
+  (the CPU scale on the embedded default, with a warm start) or the paper scale on the user's data and
+  services (``--data``, ``--retriever-url`` or the in-cluster Serve apps);
+- trains with a line per iteration, checkpoints (``--checkpoint-every``, and at the end), writes
+  ``summary.json`` and ``training.png`` under ``--out``, and deletes the Serve apps it started.
+
+Ray 2.60's token authentication: ``ray job submit`` to a cluster started with ``ray start`` needs
+``RAY_AUTH_MODE=token`` in the submitting shell (the CLI then reads ``~/.ray/auth_token``, which ``ray
+start`` wrote; on another machine set ``RAY_AUTH_TOKEN`` to the output of ``ray get-auth-token`` on the
+head node). The job's own driver joins its cluster without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rllib_search.recipes import embedded
+
+
+def connect(num_cpus: int | None = None, *, dashboard: bool = True) -> str | None:
+    """Join the running cluster, or start a local Ray (the only case where ``num_cpus`` applies: passing
+    resources to an existing cluster is an error). Returns the dashboard URL, if any."""
+    import ray
+
+    from rllib_search.serve.ray_cluster import cluster_address
+
+    if ray.is_initialized():
+        return None
+    address = cluster_address()
+    if address:
+        context = ray.init(address=address, log_to_driver=False)
+    else:
+        context = ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            log_to_driver=False,
+        )
+    url = getattr(context, "dashboard_url", None)
+    return f"http://{url}" if url and not str(url).startswith("http") else url
+
+
+def job_arguments(description: str, *, iterations: int, smoke_iterations: int = 1) -> argparse.ArgumentParser:
+    """The options every tuned example shares (an example adds its own)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument(
+        "--smoke", action="store_true", help="the same code path on the embedded default at the smallest size"
+    )
+    scale.add_argument(
+        "--embedded", action="store_true", help="CPU scale on the embedded default (warm start)"
+    )
+    parser.add_argument(
+        "--iterations", type=int, help=f"training iterations (default {iterations}; smoke {smoke_iterations})"
+    )
+    parser.add_argument("--out", help="output directory (default runs/<example>)")
+    parser.add_argument("--model", help="policy: alias, hub name or local path (default: the recipe's)")
+    parser.add_argument(
+        "--data", help="training questions (Search-R1 parquet or FlashRAG jsonl); paper scale"
+    )
+    parser.add_argument("--held-out", help="held-out questions evaluated every iteration (greedy)")
+    parser.add_argument("--retriever-url", help="a Search-R1-style /retrieve URL (default: the Serve app)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of a local Ray (ignored on a cluster)"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="checkpoint every N iterations (0: at the end)"
+    )
+    parser.set_defaults(default_iterations=iterations, smoke_iterations=smoke_iterations)
+    return parser
+
+
+class RecipeJob:
+    """One run of a recipe (see the module docstring); a context manager that cleans up its Serve apps."""
+
+    def __init__(self, name: str, args: argparse.Namespace) -> None:
+        self.name = name
+        self.args = args
+        self.out = Path(args.out or f"runs/{name}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.started = time.perf_counter()
+        self.scale = "paper" if not (args.smoke or args.embedded) else "cpu"
+        self.iterations = args.iterations or (
+            args.smoke_iterations if args.smoke else args.default_iterations
+        )
+        self._started_apps: list[str] = []
+        self.world: embedded.EmbeddedWorld | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    def __enter__(self) -> RecipeJob:
+        url = connect(self.args.num_cpus)
+        if url:
+            self.say(f"Ray dashboard: {url} (metrics view: Metrics; runs: Jobs)")
+        if self.scale == "cpu":
+            self.world = embedded.embedded_world(self.args.seed)
+            self.say(f"embedded default: synthetic world in {self.world.root}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        embedded.stop_apps(self._started_apps)
+
+    def say(self, message: str) -> None:
+        print(f"[{time.perf_counter() - self.started:7.1f}s] {message}", flush=True)
+
+    # --- inputs ------------------------------------------------------------------------------------------
+    @property
+    def dataset(self) -> Any:
+        """Training questions: the world's (embedded default) or ``--data``."""
+        if self.world is not None:
+            return self.args.data or self.world.records("train")
+        if not self.args.data:
+            raise SystemExit(
+                "paper scale needs --data (training questions), or run with --smoke / --embedded"
+            )
+        return self.args.data
+
+    @property
+    def held_out(self) -> Any:
+        """Held-out questions: ``--held-out``, else on the embedded default a fixed slice of the test set."""
+        if self.args.held_out:
+            return self.args.held_out
+        if self.world is not None:
+            return self.world.records("test")[: 8 if self.args.smoke else 48]
+        return None
+
+    def retriever(self) -> dict[str, Any]:
+        """``--retriever-url``, else the in-cluster Serve retriever (started on the embedded default)."""
+        if self.args.retriever_url:
+            return {"type": "url", "url": self.args.retriever_url, "timeout_s": 120}
+        if self.world is None:
+            return {"type": "serve", "app": embedded.RETRIEVER_APP, "timeout_s": 120}
+        spec, started = embedded.serve_retriever(self.world.index)
+        if started:
+            self._started_apps.append(embedded.RETRIEVER_APP)
+            self.say("retriever: BM25 over the world's passages, served by Ray Serve")
+        return spec
+
+    def judge(self, url: str | None = None) -> dict[str, Any]:
+        """The evidence judge: ``url`` (an OpenAI-compatible base URL), else the in-cluster Serve judge
+        (started with the bundled Gemma-3-270M on the embedded default)."""
+        if url:
+            return {"type": "url", "url": url, "api": "chat", "temperature": 0.1}
+        if self.world is None:
+            return {"type": "serve", "app": embedded.JUDGE_APP, "api": "chat", "temperature": 0.1}
+        spec, started = embedded.serve_judge()
+        if started:
+            self._started_apps.append(embedded.JUDGE_APP)
+            self.say("evidence judge: Gemma-3-270M served by Ray Serve")
+        return spec
+
+    def smoke_sized(self, config: Any) -> Any:
+        """Under ``--smoke``, the smallest rollouts that still go through every part."""
+        if not self.args.smoke:
+            return config
+        return config.rollouts(prompts_per_sample=1, max_turn_tokens=32)
+
+    def warm_started(self, model: str, env_config: dict[str, Any]) -> str:
+        """On ``--embedded``, the policy after a masked-SFT warm start on teacher trajectories (1-hop and
+        2-hop training questions); otherwise ``model`` itself."""
+        if not self.args.embedded or self.world is None:
+            return model
+        records = self.world.records("train", hops=1)[:120] + self.world.records("train", hops=2)[:40]
+        settings = {k: v for k, v in env_config.items() if k not in ("dataset", "retriever", "judge")}
+        path = embedded.warm_start(
+            model,
+            records,
+            env_config["retriever"],
+            settings,
+            self.out / "warm_start_model",
+            seed=self.args.seed,
+            say=self.say,
+        )
+        return str(path)
+
+    # --- training ----------------------------------------------------------------------------------------
+    def train(self, config: Any) -> dict[str, Any]:
+        """Build the Algorithm, train ``self.iterations`` iterations with a line each, checkpoint, and write
+        ``summary.json`` and ``training.png``; returns the summary."""
+        config = config.debugging(seed=self.args.seed)
+        if self.held_out is not None:
+            config = config.held_out(dataset=self.held_out)
+        algo = config.build_algo()
+        history: list[dict[str, Any]] = []
+        checkpoint = None
+        try:
+            for iteration in range(1, self.iterations + 1):
+                row = iteration_row(iteration, algo.train())
+                history.append(row)
+                self.say(format_row(row, self.iterations))
+                every = self.args.checkpoint_every
+                if every and iteration % every == 0:
+                    checkpoint = algo.save_to_path(str((self.out / "checkpoint").resolve()))
+            checkpoint = algo.save_to_path(str((self.out / "checkpoint").resolve()))
+        finally:
+            algo.stop()
+        summary = {
+            "example": self.name,
+            "scale": "smoke" if self.args.smoke else self.scale,
+            "iterations": history,
+            "checkpoint": str(checkpoint),
+            "seconds": time.perf_counter() - self.started,
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_history(history, self.out / "training.png", self.name)
+        self.say(
+            f"checkpoint {checkpoint}; wrote {self.out / 'summary.json'} and {self.out / 'training.png'}"
+        )
+        return summary
+
+
+def iteration_row(iteration: int, result: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one ``train()`` result that a person reads per iteration."""
+    runners, learner = result.get("env_runners", {}), result.get("learners", {})
+    policy = learner.get("default_policy", {})
+    row: dict[str, Any] = {
+        "iteration": iteration,
+        "reward": _number(runners.get("episode_return_mean")),
+        "reward_components": {k: _number(v) for k, v in runners.get("reward", {}).items()},
+        "searches": _number(runners.get("searches_per_episode")),
+        "generation_tokens_per_s": _number(runners.get("generation_tokens_per_s")),
+        "trained_tokens_per_s": _number(learner.get("trained_tokens_per_s")),
+        "kl": _number(policy.get("kl")),
+        "reward_stage": _number(runners.get("reward_stage")),
+        "judge_errors": _number(runners.get("judge_errors")),
+    }
+    evaluation = result.get("evaluation", {})
+    if evaluation:
+        row["held_out"] = {k: v for k, v in evaluation.items() if k != "em_by_source"}
+    return row
+
+
+def format_row(row: dict[str, Any], total: int) -> str:
+    parts = [
+        f"iter {row['iteration']:3d}/{total}",
+        f"reward {row['reward']:.3f}",
+        f"searches {row['searches']:.2f}",
+        f"gen {row['generation_tokens_per_s']:.0f} tok/s",
+        f"train {row['trained_tokens_per_s']:.0f} tok/s",
+        f"kl {row['kl']:.4f}",
+    ]
+    if "held_out" in row:
+        parts.append(f"held-out EM {row['held_out']['em']:.3f}")
+    return "  ".join(parts)
+
+
+def plot_history(history: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Reward (and its components) per iteration beside held-out EM and searches."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations = [row["iteration"] for row in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(iterations, [row["reward"] for row in history], marker="o", label="reward")
+    for name in history[0]["reward_components"] if history else []:
+        left.plot(iterations, [row["reward_components"].get(name, 0.0) for row in history], "--", label=name)
+    left.set_xlabel("iteration")
+    left.set_title(f"{title}: training reward")
+    left.legend(fontsize=8)
+    if history and "held_out" in history[0]:
+        right.plot(iterations, [row["held_out"]["em"] for row in history], marker="o", label="held-out EM")
+    right.plot(iterations, [row["searches"] for row in history], marker="s", label="searches / episode")
+    right.set_xlabel("iteration")
+    right.set_title("held-out EM and searches")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")

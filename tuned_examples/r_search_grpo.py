@@ -1,0 +1,48 @@
+"""R-Search GRPO with answer, evidence and format rewards; the evidence is judged by a served model of
+another family (``recipes/r_search.py``).
+
+``config`` below is the paper's run: Qwen-2.5-7B-Instruct on 2WikiMultiHopQA, 5 samples a prompt, batch
+256, lr 1e-6 (95% warmup), KL 0.001, γ_e = γ_a = 0.2, judged by Llama-3.2-3B-Instruct at temperature 0.1.
+Deploy the judge first (either way):
+
+    rllib-search serve judge --engine vllm --model meta-llama/Llama-3.2-3B-Instruct --num-gpus 1 \\
+        --temperature 0.1
+    serve deploy tuned_examples/serve_judge_llm.yaml     # Ray Serve LLM; then --judge-url .../judge/v1
+
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
+        python tuned_examples/r_search_grpo.py --data 2wiki_train.parquet --held-out test.parquet
+    python tuned_examples/r_search_grpo.py --smoke       # SmolLM2 policy, Gemma-3-270M judge, minutes
+    python tuned_examples/r_search_grpo.py --embedded    # warm start + 20 iterations on CPU
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rllib_search.recipes import r_search_grpo
+from rllib_search.recipes.jobs import RecipeJob, job_arguments
+
+config = r_search_grpo(dataset="2wiki_train.parquet")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = job_arguments(__doc__, iterations=195)
+    parser.add_argument("--judge-url", help="an OpenAI-compatible judge base URL (default: the Serve app)")
+    parser.add_argument("--judge-model", help="the `model` name a --judge-url server expects")
+    args = parser.parse_args(argv)
+    if args.embedded and args.iterations is None:
+        args.iterations = 20
+    with RecipeJob("r_search_grpo", args) as job:
+        judge = job.judge(args.judge_url)
+        if args.judge_model:
+            judge["model"] = args.judge_model
+        recipe = r_search_grpo(
+            dataset=job.dataset, retriever=job.retriever(), judge=judge, scale=job.scale, model=args.model
+        )
+        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
+        job.train(job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Search-R1 PPO (arXiv 2503.09516, section 4.3; ``recipes/search_r1.py`` holds the hyperparameters).
+
+``config`` below is the paper's run: Qwen2.5-3B with a value head, one response per prompt, 512 prompts an
+iteration, actor lr 1e-6 (95% warmup), critic lr 1e-5, GAE gamma = lambda = 1, KL 0.001 in the reward.
+
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
+        python tuned_examples/search_r1_ppo.py --data nq_hotpotqa_train.parquet --held-out test.parquet
+    python tuned_examples/search_r1_ppo.py --smoke        # the embedded default, minutes
+    python tuned_examples/search_r1_ppo.py --embedded     # warm start + 20 iterations on CPU
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rllib_search.recipes import search_r1_ppo
+from rllib_search.recipes.jobs import RecipeJob, job_arguments
+
+config = search_r1_ppo(dataset="nq_hotpotqa_train.parquet")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = job_arguments(__doc__, iterations=305)
+    args = parser.parse_args(argv)
+    if args.embedded and args.iterations is None:
+        args.iterations = 20
+    with RecipeJob("search_r1_ppo", args) as job:
+        recipe = search_r1_ppo(
+            dataset=job.dataset, retriever=job.retriever(), scale=job.scale, model=args.model
+        )
+        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
+        job.train(job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
