@@ -23,9 +23,10 @@ and the same retrieval results:
   is not run; the env's ``max_turns`` counts generations, so Search-R1's ``max_turns=4`` is ``max_turns=5``.
 - Context: Search-R1 keeps the last ``max_prompt_length`` (4096) tokens of a growing episode and goes on;
   the env ends the episode (truncated) at ``max_total_tokens``.
-- Segment ends: Search-R1 decodes a whole generation, cuts the text after the first ``</search>`` (else
-  ``</answer>``) and re-tokenises it; the env stops generation at those strings and keeps the generated
-  ids, including a token that runs past the stop string.
+- Segment ends: Search-R1 decodes a whole generation without special tokens, cuts the text after the
+  first ``</search>`` (else ``</answer>``) and re-tokenises it, so an EOS that ended a turn is not in the
+  context of the next; the env stops generation at those strings and keeps the generated ids as they
+  are (an ending EOS included, and a token that runs past the stop string).
 - Parsing: Search-R1 takes the first ``<search>``/``<answer>`` box by its opening tag and only strips the
   query; the env takes the box that closes first, collapses whitespace in queries, and treats empty or
   nested boxes as invalid actions (Search-R1 would search for an empty query).
