@@ -4,6 +4,8 @@
 - ``rllib-search index build ...`` / ``index info DIR``: build or describe a retrieval index.
 - ``rllib-search serve retriever --index DIR``: the retrieval service on Ray Serve.
 - ``rllib-search serve judge [--model gemma3-270m]``: the evidence judge (OpenAI-compatible) on Ray Serve.
+- ``rllib-search eval [--checkpoint DIR | --model NAME] --data FILE ...``: greedy evaluation, EM / F1 /
+  cover-EM per source with bootstrap intervals (default: the main job's checkpoint on the synthetic test set).
 - ``rllib-search rollout``: the main job on the embedded default: scripted policies through
   MultiTurnSearchEnv on the synthetic world with a BM25 retriever, for each protocol; prints a table and
   writes ``summary.json``, ``rewards.png`` and example responses under ``--out``.
@@ -215,11 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--llm-turn-tokens", type=int, default=64, help="tokens per turn in the LLM rollout")
     rollout.set_defaults(func=cmd_rollout)
 
+    from rllib_search.algos.eval_cli import add_eval_command
     from rllib_search.serve.index_cli import add_index_commands
     from rllib_search.serve.serve_cli import add_serve_commands
 
     add_index_commands(sub)
     add_serve_commands(sub)
+    add_eval_command(sub)
     return parser
 
 

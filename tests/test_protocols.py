@@ -106,8 +106,8 @@ def test_r_search_answer_carries_the_evidence():
 
 def test_observation_layouts():
     assert SEARCH_R1.format_observation(PASSAGES) == (
-        "\n\n<information>Doc 1(Title: Velmora) Velmora is a city.\n"
-        "Doc 2(Title: Dravenia) Dravenia is a country.</information>\n\n"
+        '\n\n<information>Doc 1(Title: "Velmora") Velmora is a city.\n'
+        'Doc 2(Title: "Dravenia") Dravenia is a country.</information>\n\n'
     )
     assert R1_SEARCHER.format_observation(PASSAGES) == (
         '\n<|begin_of_documents|>\n(1)"Velmora"\nVelmora is a city.\n'

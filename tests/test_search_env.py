@@ -126,7 +126,7 @@ def test_observation_is_cut_in_tokens_and_stays_closed(tiny_tokenizer):
     closing = encode(tiny_tokenizer, "</information>\n\n")
     assert list(obs[-len(closing) :]) == closing
     assert info["observation_truncations"] == 1
-    assert env.retrieved_blocks[0].startswith("Doc 1(Title: Long) word")
+    assert env.retrieved_blocks[0].startswith('Doc 1(Title: "Long") word')
 
 
 def test_max_turns_truncates_and_skips_the_last_search(tiny_tokenizer, retriever):

@@ -119,8 +119,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         options = dict(self.config.engine_options)
         if self.config.engine == "vllm":
             from rllib_search.llm.engines.vllm import VLLMEngine
+            from rllib_search.llm.models import resolve_model_path
 
-            return VLLMEngine(options.pop("model", self.module.llm_config["model"]), **options)
+            model = options.pop("model", resolve_model_path(self.module.llm_config["model"]))
+            return VLLMEngine(model, **options)
         from rllib_search.llm.engines.hf import HFEngine
         from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 
@@ -305,8 +307,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.module.set_state(weights)
             if self.config.engine == "hf":  # the HF engine shares the module's tensors: only drop its caches
                 self.engine.reset_cache()
-            else:
-                self.engine.load_weights(self.module.model.state_dict())
+            else:  # vLLM holds the plain architecture: LoRA adapters go in merged
+                from rllib_search.llm.models import merged_state_dict
+
+                self.engine.load_weights(merged_state_dict(self.module.model))
             version = state.get("weights_version", state.get(WEIGHTS_SEQ_NO))
             self.weights_version = int(version) if version is not None else self.weights_version + 1
         if "reward_stage" in state and int(state["reward_stage"]) != self.reward_stage:

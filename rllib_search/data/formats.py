@@ -349,7 +349,9 @@ def read_corpus(path: str | Path) -> pa.Table:
 def iter_passages(table_or_path: pa.Table | str | Path) -> Iterator[Passage]:
     """Each row of a corpus (a table from :func:`read_corpus`, or its file) as a :class:`Passage`."""
     table = table_or_path if isinstance(table_or_path, pa.Table) else read_corpus(table_or_path)
-    for batch in table.select(["id", "title", "text"]).to_batches():
+    names = ["id", "title", "text"] + (["contents"] if "contents" in table.column_names else [])
+    for batch in table.select(names).to_batches():
         ids, titles, texts = (batch.column(name).to_pylist() for name in ("id", "title", "text"))
-        for passage_id, title, text in zip(ids, titles, texts, strict=True):
-            yield Passage(id=passage_id, title=title, text=text)
+        contents = batch.column("contents").to_pylist() if "contents" in names else [None] * len(ids)
+        for passage_id, title, text, raw in zip(ids, titles, texts, contents, strict=True):
+            yield Passage(id=passage_id, title=title, text=text, raw_contents=raw)

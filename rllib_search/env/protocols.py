@@ -7,6 +7,36 @@ parse a whole batch of segments and send every query of a turn to the retriever 
 
 The three papers' protocols are built in (``search_r1``, ``r1_searcher``, ``r_search``); a user defines a new
 one by constructing a :class:`Protocol` and calling :func:`register_protocol`, without editing the package.
+
+``search_r1`` writes observations byte for byte as Search-R1's rollout does (``Doc i(Title: <first line of
+contents>) <rest of contents>`` lines, joined and stripped, in ``\\n\\n<information>...</information>\\n\\n``)
+and the same invalid-action text, so its published checkpoints see what they were trained on (tested
+against an independent rewrite of Search-R1's formatting in tests/test_eval.py).
+
+What still differs from Search-R1's own rollout (``search_r1/llm_agent/generation.py``) for the same model
+and the same retrieval results:
+
+- Over-long observations: Search-R1 tokenises the block and keeps its first ``max_obs_length`` tokens,
+  dropping ``</information>`` and what follows; the env cuts inside the passages and keeps the closing
+  tag's tokens (``max_obs_tokens``), so the block stays closed.
+- Turns: Search-R1's ``max_turns`` counts search rounds and then allows one more generation whose search
+  is not run; the env's ``max_turns`` counts generations, so Search-R1's ``max_turns=4`` is ``max_turns=5``.
+- Context: Search-R1 keeps the last ``max_prompt_length`` (4096) tokens of a growing episode and goes on;
+  the env ends the episode (truncated) at ``max_total_tokens``.
+- Segment ends: Search-R1 decodes a whole generation without special tokens, cuts the text after the
+  first ``</search>`` (else ``</answer>``) and re-tokenises it, so an EOS that ended a turn is not in the
+  context of the next; the env stops generation at those strings and keeps the generated ids as they
+  are (an ending EOS included, and a token that runs past the stop string).
+- Parsing: Search-R1 takes the first ``<search>``/``<answer>`` box by its opening tag and only strips the
+  query; the env takes the box that closes first, collapses whitespace in queries, and treats empty or
+  nested boxes as invalid actions (Search-R1 would search for an empty query).
+- A failed search: Search-R1 has no error observation (a failing server stops the run); the env writes
+  ``search_error_text`` inside the information block.
+- Prompt: ``instruction`` is the paper's Table 1; Search-R1's data files hold its code's wording (a few
+  words differ). ``rllib-search eval`` prompts with a Search-R1 parquet's own template (``--prompt data``).
+  Both render the user message through the tokenizer's chat template; for a tokenizer without one,
+  Search-R1 tokenises the message alone (no special tokens) where the env appends a newline and lets the
+  tokenizer add its special tokens.
 """
 
 from __future__ import annotations
@@ -183,9 +213,12 @@ class Protocol:
 
     ``instruction`` holds ``{question}`` when the question goes inside it (Search-R1); otherwise the
     question is sent as the user message after an ``instruction`` system message (R1-Searcher, R-Search).
-    ``passage_template`` formats one passage with ``{i}`` (1-based), ``{title}``, ``{text}``, ``{contents}``.
-    The observation block is ``observation_prefix + observation_open + passages + observation_close +
-    observation_suffix``; everything in it is masked from the loss.
+    ``passage_template`` formats one passage with ``{i}`` (1-based), ``{title}``, ``{text}``, ``{contents}``,
+    and ``{first_line}`` / ``{rest}``: the first line of ``contents`` as it is (for Search-R1's corpora the
+    quoted title) and everything after that line's newline, unstripped. Passages are joined with
+    ``passage_separator``; ``strip_passages`` strips the joined body. The observation block is
+    ``observation_prefix + observation_open + passages + observation_close + observation_suffix``;
+    everything in it is masked from the loss.
     """
 
     name: str
@@ -200,6 +233,7 @@ class Protocol:
     evidence_close: str | None = None
     passage_template: str = "Doc {i}(Title: {title}) {text}"
     passage_separator: str = "\n"
+    strip_passages: bool = False
     think_open: str | None = "<think>"
     think_close: str | None = "</think>"
     block_padding: str = ""
@@ -275,11 +309,18 @@ class Protocol:
 
     # --- observations ------------------------------------------------------------------------------
     def format_passages(self, passages: Sequence[Passage]) -> str:
-        """The body of an information block: one line per passage, numbered from 1."""
-        return self.passage_separator.join(
-            self.passage_template.format(i=i, title=p.title, text=p.text, contents=p.contents)
-            for i, p in enumerate(passages, start=1)
-        )
+        """The body of an information block: one entry per passage, numbered from 1."""
+        entries = []
+        for i, p in enumerate(passages, start=1):
+            contents = p.contents
+            first_line, _, rest = contents.partition("\n")
+            entries.append(
+                self.passage_template.format(
+                    i=i, title=p.title, text=p.text, contents=contents, first_line=first_line, rest=rest
+                )
+            )
+        body = self.passage_separator.join(entries)
+        return body.strip() if self.strip_passages else body
 
     def observation_parts(self, body: str) -> tuple[str, str, str]:
         """(head, body, tail) of an observation block; the env tokenises them so the tail survives
@@ -352,7 +393,16 @@ SEARCH_R1 = Protocol(
     query_close="</search>",
     observation_open="<information>",
     observation_close="</information>",
-    passage_template="Doc {i}(Title: {title}) {text}",
+    # Search-R1's rollout (search_r1/llm_agent/generation.py: _passages2string, execute_predictions): each
+    # passage's contents split at its first newline, the title line kept as is (quotes included), the
+    # lines joined and stripped; its text for an invalid action. Differences: the module docstring.
+    passage_template="Doc {i}(Title: {first_line}) {rest}",
+    strip_passages=True,
+    rethink_text=(
+        "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+        "</search>. If I want to give the final answer, I should put the answer between <answer> and "
+        "</answer>. Let me try again.\n"
+    ),
     format_checker=state_machine_format,
 )
 

@@ -7,6 +7,7 @@ The Ray Serve deployment wraps retrievers like this one; anything here satisfies
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import bm25s
 import numpy as np
@@ -41,5 +42,4 @@ class BM25Retriever:
         ]
 
     def _with_score(self, index: int, score: float) -> Passage:
-        p = self.passages[index]
-        return Passage(id=p.id, title=p.title, text=p.text, score=score)
+        return replace(self.passages[index], score=score)

@@ -510,8 +510,9 @@ class SearchIndex(ABC):
 
     def _lookup(self, rows: list[np.ndarray], scores: list[np.ndarray] | None) -> list[list[Passage]]:
         """The passages at ``rows``, read from the corpus in one ``take``."""
-        taken = self.corpus.select(["id", "title", "text"]).take(pa.array(np.concatenate(rows), pa.int64()))
-        ids, titles, texts = (taken.column(name).to_pylist() for name in ("id", "title", "text"))
+        columns = ("id", "title", "text", "contents")
+        taken = self.corpus.select(list(columns)).take(pa.array(np.concatenate(rows), pa.int64()))
+        ids, titles, texts, contents = (taken.column(name).to_pylist() for name in columns)
         results, start = [], 0
         for q, query_rows in enumerate(rows):
             results.append(
@@ -521,6 +522,7 @@ class SearchIndex(ABC):
                         title=titles[start + j],
                         text=texts[start + j],
                         score=None if scores is None else float(scores[q][j]),
+                        raw_contents=contents[start + j],
                     )
                     for j in range(len(query_rows))
                 ]
