@@ -10,8 +10,9 @@ One training step:
 3. **learner_group.update** on the padded batch: reference log-probs, values, token advantages and the
    masked loss happen in :class:`~rllib_search.algos.learner.SearchLearner`;
 4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along);
-5. **metrics** through RLlib's MetricsLogger (``env_runners/...``, ``learners/...``) so Tune and the Ray
-   dashboard see them;
+5. **metrics** through RLlib's MetricsLogger (``env_runners/...``, ``learners/...``) for Tune's loggers;
+   after ``train()`` a callback publishes them as Ray metrics for the dashboard and Prometheus
+   (``dashboard_metrics.py``, on unless ``config.dashboard_metrics(enabled=False)``);
 6. **reward schedule** (when the config has one, R1-Searcher's two stages): the iteration's results decide
    whether the next iteration samples with the next stage's reward; the stage is checkpointed;
 7. **held-out evaluation** every ``held_out_interval`` iterations when ``config.held_out(dataset=...)`` is
@@ -42,6 +43,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
+from rllib_search.algos import dashboard_metrics
 from rllib_search.algos.advantages import group_statistics, grpo_advantages
 from rllib_search.algos.batching import pad_rollouts
 from rllib_search.algos.reward_schedule import RewardSchedule
@@ -102,6 +104,8 @@ class SearchAlgorithm(Algorithm):
         stages = config.reward_stages
         self.reward_schedule = RewardSchedule(stages) if stages else None
         super().setup(config)
+        if getattr(self.config, "dashboard_metrics_enabled", True):
+            dashboard_metrics.install(self)
 
     def training_step(self) -> None:
         rollouts = self.sample_rollouts()
@@ -187,6 +191,10 @@ class SearchAlgorithm(Algorithm):
             (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), steps, reduce="lifetime_sum"
         )
         return [rollout for rollouts in per_runner for rollout in rollouts]
+
+    def cleanup(self) -> None:
+        dashboard_metrics.uninstall(self)
+        super().cleanup()
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         state = super().get_state(*args, **kwargs)

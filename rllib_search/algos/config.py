@@ -71,6 +71,9 @@ class SearchConfig(AlgorithmConfig):
         # Held-out questions rolled out greedily every `held_out_interval` iterations (None: no evaluation).
         self.held_out_dataset: Any = None
         self.held_out_interval = 1
+        # Ray metrics of every train() result (algos/dashboard_metrics.py), tagged with this run name.
+        self.dashboard_metrics_enabled = True
+        self.dashboard_run_name: str | None = None
 
     def rollouts(
         self,
@@ -109,6 +112,19 @@ class SearchConfig(AlgorithmConfig):
         """
         if stages is not NotProvided:
             self.reward_stages = None if stages is None else list(stages)
+        return self
+
+    def dashboard_metrics(
+        self, *, enabled: bool | Any = NotProvided, run_name: str | Any | None = NotProvided
+    ) -> SearchConfig:
+        """Publish every ``train()`` result's figures as Ray metrics (on by default; the Ray dashboard's
+        metrics view and Prometheus show them, see ``rllib_search/metrics.py``), tagged ``run`` =
+        ``run_name`` (default: the Tune trial's name, or ``default``) and ``algorithm``. The callback runs
+        beside the config's own ``callbacks``."""
+        if enabled is not NotProvided:
+            self.dashboard_metrics_enabled = bool(enabled)
+        if run_name is not NotProvided:
+            self.dashboard_run_name = run_name
         return self
 
     def training(

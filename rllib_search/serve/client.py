@@ -64,6 +64,7 @@ class RetrieverClient(ServiceClient):
             final_errors=(RetrieverRequestError,),
             unavailable=RetrieverUnavailable,
             service="retriever",
+            items=len(queries),
         )
 
     def _search_handle(self, queries: list[str], topk: int) -> list[list[Passage]]:

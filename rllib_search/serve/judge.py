@@ -32,11 +32,13 @@ from pydantic import BaseModel
 from ray import serve
 
 from rllib_search.llm.engines.base import SamplingParams
+from rllib_search.metrics import record
 
 logger = logging.getLogger(__name__)
 
 DEPLOYMENT_NAME = "EvidenceJudge"
 APP_NAME = "judge"
+METRIC_TAGS = {"service": "judge"}  # batch size and seconds as Ray metrics (rllib_search/metrics.py)
 ROUTE_PREFIX = "/judge"
 DEFAULT_CPU_JUDGE = "gemma3-270m"
 DEFAULT_GPU_JUDGE = "meta-llama/Llama-3.2-3B-Instruct"
@@ -337,9 +339,13 @@ class JudgeDeployment:
                 for ids in jobs[i].prompt_ids:
                     results[i].append(self._completion(ids, segments[position], params.stop))
                     position += 1
-        self.generate_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.generate_seconds += seconds
         self.batches += 1
-        self.batched_prompts += sum(len(job.prompt_ids) for job in jobs)
+        prompts = sum(len(job.prompt_ids) for job in jobs)
+        self.batched_prompts += prompts
+        record("serve_batch_items", prompts, METRIC_TAGS)
+        record("serve_batch_seconds", seconds, METRIC_TAGS)
         return results
 
     def _completion(self, prompt_ids: list[int], segment: Any, stops: tuple[str, ...]) -> _Completion:

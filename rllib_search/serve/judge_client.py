@@ -124,6 +124,7 @@ class JudgeClient(ServiceClient):
                 final_errors=(JudgeClientRequestError,),
                 unavailable=JudgeUnavailable,
                 service="judge",
+                items=len(prompts),
             )
         finally:
             self.stats.seconds += time.perf_counter() - started

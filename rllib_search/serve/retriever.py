@@ -30,11 +30,13 @@ from pydantic import BaseModel, Field
 from ray import serve
 
 from rllib_search.env.retrieval import Passage
+from rllib_search.metrics import record
 
 logger = logging.getLogger(__name__)
 
 DEPLOYMENT_NAME = "Retriever"
 APP_NAME = "retriever"
+METRIC_TAGS = {"service": "retriever"}  # batch size and seconds as Ray metrics (rllib_search/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,10 @@ class RetrieverDeployment:
         # against 82 q/s on the loop).
         started = time.perf_counter()
         results = self.index.search(queries, topk)
-        self.search_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.search_seconds += seconds
+        record("serve_batch_items", len(queries), METRIC_TAGS)
+        record("serve_batch_seconds", seconds, METRIC_TAGS)
         self.batches += 1
         self.batched_queries += len(queries)
         split, start = [], 0
