@@ -158,7 +158,7 @@ def main() -> None:
     prompts = evidence_prompts(max(serial_count, batched_count))
     print(f"[bench] {len(prompts)} evidence prompts; loading {JUDGE} on Ray Serve", flush=True)
 
-    ray.init(num_cpus=args.threads, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.threads, include_dashboard=False, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_judge_app(

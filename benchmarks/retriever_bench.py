@@ -182,7 +182,7 @@ def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: 
 
     if ingress == "haproxy":  # read by Ray's processes when they start
         os.environ.update(HIGH_THROUGHPUT_ENV)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     # Access logs off, as the naive server runs with warnings only: per-request logging costs both alike.
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)

@@ -399,7 +399,7 @@ def test_importing_the_package_registers_the_env_for_every_ray_session():
         "from ray.tune.registry import ENV_CREATOR, _global_registry as r\n"
         "assert r.contains(ENV_CREATOR, rllib_search.ENV_ID)\n"
         "for _ in range(2):\n"
-        "    ray.init(num_cpus=1, include_dashboard=False)\n"
+        "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
         "    assert r.contains(ENV_CREATOR, rllib_search.ENV_ID)\n"
         "    ray.shutdown()\n"
         "import gymnasium\n"

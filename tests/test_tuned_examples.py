@@ -73,7 +73,7 @@ def test_every_tuned_example_runs_its_smoke_path(name, tiny_policy, tmp_path):
     held-out evaluation, a checkpoint, summary.json and training.png (a tiny policy stands in for SmolLM2)."""
     out = tmp_path / "out"
     stdout = run_example(name, "--smoke", "--model", tiny_policy, "--out", str(out), "--num-cpus", "2")
-    assert "Ray dashboard: http://127.0.0.1:" in stdout
+    assert "Ray dashboard: http://127.0.0.1:" in stdout and "Prometheus metrics: http://127.0.0.1:" in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["scale"] == "smoke" and Path(summary["checkpoint"], "learner_group").is_dir()
     iterations = summary["iterations"]
@@ -126,7 +126,7 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # As in an activated venv: the job's `python` is this interpreter.
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
-    gcs_port, dashboard_port = free_port(), free_port()
+    gcs_port, dashboard_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
     # Its own temp dir: `ray start` records its address there, not in /tmp/ray where every later `ray.init()`
     # on this machine would find it (and, once this head is gone, fail to reach it). Short: socket paths.
     temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
@@ -136,6 +136,8 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
             *("start", "--head", "--block", "--temp-dir", temp_dir),
             *("--node-ip-address", "127.0.0.1", "--port", str(gcs_port)),
             *("--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port), "--num-cpus", "2"),
+            # Every fixed default port elsewhere: the test session's own Ray already holds them.
+            *("--dashboard-agent-listen-port", str(agent_port), "--ray-client-server-port", str(client_port)),
         ],
         env=environment,
         stdout=subprocess.DEVNULL,

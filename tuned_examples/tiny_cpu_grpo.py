@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port of the local Ray (default: random)")
     args = p.parse_args(argv)
     if args.smoke:
         args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
@@ -105,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(1-hop {len(by_hops[1])}, 2-hop {len(by_hops[2])})"
     )
 
-    dashboard = connect(num_cpus=2)
-    if dashboard:
-        say(f"Ray dashboard: {dashboard} (metrics view: Metrics)")
+    for line in connect(num_cpus=2, metrics_port=args.metrics_port):
+        say(line)
     retriever_spec, started_retriever = embedded.serve_retriever(world.index)
     say("retriever: BM25 over the world's passages, served by Ray Serve")
 
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             .rl_module(model_config={"model": model})
             .rollouts(max_turn_tokens=args.max_turn_tokens, temperature=args.temperature)
             .debugging(seed=args.seed)
+            .dashboard_metrics(run_name="tiny_cpu_grpo")
         )
 
     def evaluate(algo: Any, stage: str) -> dict[str, Any]:

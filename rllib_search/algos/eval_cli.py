@@ -218,10 +218,14 @@ def _connect_ray(address: str | None) -> None:
     """Join the Ray cluster that serves ``--retriever-app`` (never resized: no resource arguments)."""
     import ray
 
-    from rllib_search.serve.serve_cli import _cluster_running
+    from rllib_search.serve.ray_cluster import cluster_address
 
     if ray.is_initialized():
         return
-    if address is None and _cluster_running():
-        address = "auto"
+    address = address or cluster_address()
+    if address is None:
+        raise SystemExit(
+            "--retriever-app needs the Ray cluster that runs it: `ray start` (and `serve deploy`) "
+            "or set RAY_ADDRESS / --address"
+        )
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)

@@ -30,27 +30,39 @@ from typing import Any
 from rllib_search.recipes import embedded
 
 
-def connect(num_cpus: int | None = None, *, dashboard: bool = True) -> str | None:
-    """Join the running cluster, or start a local Ray (the only case where ``num_cpus`` applies: passing
-    resources to an existing cluster is an error). Returns the dashboard URL, if any."""
+def connect(num_cpus: int | None = None, *, metrics_port: int | None = None) -> list[str]:
+    """Join the running cluster, or start a local Ray with the dashboard on 127.0.0.1 (only then do
+    ``num_cpus`` and ``metrics_port`` apply: passing resources to an existing cluster is an error).
+    Returns lines that say where to watch the run (dashboard URL, Prometheus endpoint)."""
     import ray
 
     from rllib_search.serve.ray_cluster import cluster_address
 
     if ray.is_initialized():
-        return None
+        return []
     address = cluster_address()
     if address:
         context = ray.init(address=address, log_to_driver=False)
     else:
         context = ray.init(
+            address="local",
             num_cpus=num_cpus,
-            include_dashboard=dashboard,
+            include_dashboard=True,
             dashboard_host="127.0.0.1",
+            _metrics_export_port=metrics_port,
             log_to_driver=False,
         )
+    lines = []
     url = getattr(context, "dashboard_url", None)
-    return f"http://{url}" if url and not str(url).startswith("http") else url
+    if url:
+        url = url if str(url).startswith("http") else f"http://{url}"
+        lines.append(f"Ray dashboard: {url} (token: `ray get-auth-token`; Jobs, Serve, Metrics)")
+    ports = [node.get("MetricsExportPort") for node in ray.nodes() if node.get("Alive")]
+    if ports and ports[0]:
+        lines.append(
+            f"Prometheus metrics: http://127.0.0.1:{ports[0]}/metrics (rllib_search_*, docs/grafana)"
+        )
+    return lines
 
 
 def job_arguments(description: str, *, iterations: int, smoke_iterations: int = 1) -> argparse.ArgumentParser:
@@ -79,6 +91,7 @@ def job_arguments(description: str, *, iterations: int, smoke_iterations: int = 
     parser.add_argument(
         "--num-cpus", type=int, default=None, help="CPUs of a local Ray (ignored on a cluster)"
     )
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port of a local Ray (default: random)")
     parser.add_argument(
         "--checkpoint-every", type=int, default=0, help="checkpoint every N iterations (0: at the end)"
     )
@@ -104,9 +117,8 @@ class RecipeJob:
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def __enter__(self) -> RecipeJob:
-        url = connect(self.args.num_cpus)
-        if url:
-            self.say(f"Ray dashboard: {url} (metrics view: Metrics; runs: Jobs)")
+        for line in connect(self.args.num_cpus, metrics_port=self.args.metrics_port):
+            self.say(line)
         if self.scale == "cpu":
             self.world = embedded.embedded_world(self.args.seed)
             self.say(f"embedded default: synthetic world in {self.world.root}")
@@ -192,7 +204,7 @@ class RecipeJob:
     def train(self, config: Any) -> dict[str, Any]:
         """Build the Algorithm, train ``self.iterations`` iterations with a line each, checkpoint, and write
         ``summary.json`` and ``training.png``; returns the summary."""
-        config = config.debugging(seed=self.args.seed)
+        config = config.debugging(seed=self.args.seed).dashboard_metrics(run_name=self.name)
         if self.held_out is not None:
             config = config.held_out(dataset=self.held_out)
         algo = config.build_algo()

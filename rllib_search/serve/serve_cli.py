@@ -167,7 +167,8 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
             f"export {' and '.join(f'{k}=1' for k in HIGH_THROUGHPUT_ENV)} before `ray start`",
             flush=True,
         )
-    ray.init(address=address, ignore_reinit_error=True)
+    # "local", not None: None would make ray.init try a cluster recorded by an earlier `ray start`, even dead.
+    ray.init(address=address or "local", ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build(), name=name, route_prefix=prefix)
     ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "proxy actor"
