@@ -90,7 +90,7 @@ def test_every_tuned_example_runs_its_smoke_path(name, tiny_policy, tmp_path):
 
 def test_the_lambda_sweep_writes_its_tables_and_resumes(tiny_policy, tmp_path):
     out = tmp_path / "sweep"
-    argv = ["--smoke", "--model", tiny_policy, "--out", str(out), "--num-cpus", "2"]
+    argv = ["--smoke", "--seeds", "0,1", "--model", tiny_policy, "--out", str(out), "--num-cpus", "2"]
     run_example("lambda_sweep", *argv)
     with (out / "results.csv").open() as handle:
         rows = list(csv.DictReader(handle))
