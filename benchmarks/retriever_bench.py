@@ -51,8 +51,8 @@ def free_port() -> int:
 def build_corpus_and_index(num_passages: int, cache: Path) -> tuple[Path, list[str]]:
     """A synthetic corpus of ``num_passages`` passages (worlds of several seeds) and its Flat index."""
     from rllib_search.data.formats import write_corpus_jsonl
+    from rllib_search.data.retrieval import Passage
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-    from rllib_search.env.retrieval import Passage
     from rllib_search.serve.indexes import build_index
 
     per_world = 2000

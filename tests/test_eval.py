@@ -13,8 +13,8 @@ import pytest
 from rllib_search.algos.evaluation import aggregate, paired_gain, per_question_metrics, score_predictions
 from rllib_search.data.formats import iter_passages, read_corpus
 from rllib_search.data.records import QARecord
+from rllib_search.data.retrieval import Passage
 from rllib_search.env.protocols import R1_SEARCHER, R_SEARCH, SEARCH_R1
-from rllib_search.env.retrieval import Passage
 from rllib_search.env.search_env import MultiTurnSearchEnv
 from rllib_search.serve.bm25 import BM25Retriever
 

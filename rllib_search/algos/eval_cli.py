@@ -152,7 +152,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _data_and_retriever(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
-    """The QA files and the retriever spec (``registration.build_retriever``); without ``--data``, the
+    """The QA files and the retriever spec (``serve.client.build_retriever``); without ``--data``, the
     main job's synthetic world and its BM25 index (both written on first use, as the main job does)."""
     given = {
         "url": args.retriever_url,

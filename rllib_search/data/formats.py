@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from rllib_search.data.errors import DataFormatError
 from rllib_search.data.records import QARecord
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 PromptBuilder = Callable[[str], list[dict[str, str]]]
 

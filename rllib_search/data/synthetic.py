@@ -34,7 +34,7 @@ from rllib_search.data.formats import (
     write_search_r1_parquet,
 )
 from rllib_search.data.records import QARecord
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 DATA_SOURCE = "synthetic"
 # Bumped whenever generation changes, so that ensure_world regenerates worlds written by older code.

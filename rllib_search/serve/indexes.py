@@ -13,7 +13,7 @@ An index directory holds
 Kinds: ``flat`` (exact inner product), ``hnsw`` (approximate, graph), ``ivfpq`` (approximate,
 compressed), ``bm25`` (lexical) and ``random`` (uniformly random passages, a study's floor). Dense kinds
 embed each passage's ``contents`` (``"Title"\\ntext``) with the passage prefix, as Search-R1 does.
-Every loaded index satisfies :class:`rllib_search.env.retrieval.Retriever`.
+Every loaded index satisfies :class:`rllib_search.data.retrieval.Retriever`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from rllib_search.data.errors import DataFormatError
 from rllib_search.data.formats import CORPUS_SCHEMA, corpus_jsonl_to_parquet
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 from rllib_search.serve.encoders import DEFAULT_ENCODER, EncoderSpec, TextEncoder, resolve_model_path
 
 MANIFEST_FILE = "manifest.json"

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 from rllib_search.metrics import record
 
 logger = logging.getLogger(__name__)
