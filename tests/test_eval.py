@@ -177,7 +177,8 @@ def write_odd_corpus(path):
 
 def test_retrievers_keep_the_corpus_contents_and_the_env_sends_search_r1_bytes(tmp_path, tiny_tokenizer):
     """Through the real paths: corpus file -> BM25 / index -> passages -> env observation token ids."""
-    from rllib_search.serve.indexes import build_index, load_index
+    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.indexes import load_index
 
     corpus = write_odd_corpus(tmp_path / "corpus.jsonl")
     build_index(corpus, tmp_path / "bm25", kind="bm25", progress=False)

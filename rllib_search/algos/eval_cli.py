@@ -171,7 +171,7 @@ def _data_and_retriever(args: argparse.Namespace) -> tuple[list[str], dict[str, 
         return list(args.data), _retriever_spec(*next(iter(chosen.items())))
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.index_build import build_index
 
     world_dir = cache_dir() / "worlds" / f"demo_seed{MAIN_JOB_WORLD_SEED}"
     paths = ensure_world(world_dir, SyntheticWorldConfig(seed=MAIN_JOB_WORLD_SEED))

@@ -46,7 +46,7 @@ def embedded_world(seed: int = 0) -> EmbeddedWorld:
     """The synthetic world of ``seed`` and its BM25 index, generated on first use and cached."""
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.index_build import build_index
 
     root = cache_dir() / "worlds" / f"demo_seed{seed}"
     paths = ensure_world(root, SyntheticWorldConfig(seed=seed))
