@@ -51,9 +51,9 @@ def free_port() -> int:
 def build_corpus_and_index(num_passages: int, cache: Path) -> tuple[Path, list[str]]:
     """A synthetic corpus of ``num_passages`` passages (worlds of several seeds) and its Flat index."""
     from rllib_search.data.formats import write_corpus_jsonl
+    from rllib_search.data.retrieval import Passage
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-    from rllib_search.env.retrieval import Passage
-    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.index_build import build_index
 
     per_world = 2000
     passages, queries = [], []
@@ -78,7 +78,8 @@ def hnsw_recall_at_3(index_dir: Path, queries: list[str], num_queries: int) -> f
     from the Flat index's own vectors so both search the same embeddings."""
     import faiss
 
-    from rllib_search.serve.indexes import KIND_OPTIONS, load_index
+    from rllib_search.serve.index_manifest import KIND_OPTIONS
+    from rllib_search.serve.indexes import load_index
 
     flat = load_index(index_dir, mmap=False)
     vectors = flat.faiss_index.reconstruct_n(0, flat.faiss_index.ntotal)

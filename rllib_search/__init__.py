@@ -4,6 +4,7 @@ Importing the package registers ``rllib_search/MultiTurnSearch-v0`` with RLlib a
 """
 
 from rllib_search.data.records import QARecord
+from rllib_search.data.retrieval import Passage, Retriever
 from rllib_search.env.protocols import (
     R1_SEARCHER,
     R_SEARCH,
@@ -12,7 +13,6 @@ from rllib_search.env.protocols import (
     get_protocol,
     register_protocol,
 )
-from rllib_search.env.retrieval import Passage, Retriever
 from rllib_search.env.search_env import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig, step_batch
 from rllib_search.registration import make_env, register_envs
 

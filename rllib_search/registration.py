@@ -5,7 +5,7 @@ in RLlib, ``gymnasium.make(ENV_ID, **env_config)`` or ``gymnasium.make("rllib_se
 build the env from plain configuration:
 
 - ``tokenizer``: a hub name, a local path or a bundled alias (``smollm2-135m-instruct``), or a tokenizer;
-- ``retriever``: an object with ``search(queries, topk)``, or a spec (see :func:`build_retriever`):
+- ``retriever``: an object with ``search(queries, topk)``, or a spec (``serve.client.build_retriever``):
   the Serve deployment, an HTTP URL, an index directory, or BM25 over a corpus file;
 - ``dataset``: a QA file (Search-R1 parquet or FlashRAG jsonl) or a list of ``QARecord``;
 - ``judge``: the evidence judge for ``r_search`` (optional): an object, a callable, or a spec
@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rllib_search.env.retrieval import Retriever
 from rllib_search.env.search_env import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig
 
 _BUILD_KEYS = ("tokenizer", "retriever", "dataset", "judge")
@@ -34,6 +33,8 @@ def make_env(**env_config: Any) -> MultiTurnSearchEnv:
         from rllib_search.llm.models import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    from rllib_search.serve.client import build_retriever
+
     retriever = build_retriever(config.pop("retriever", None))
     dataset = config.pop("dataset", None)
     if isinstance(dataset, str):
@@ -48,43 +49,6 @@ def make_env(**env_config: Any) -> MultiTurnSearchEnv:
     if unknown:
         raise ValueError(f"unknown env_config keys {sorted(unknown)}; known: {sorted(_known_keys())}")
     return MultiTurnSearchEnv(tokenizer, retriever, dataset, SearchEnvConfig(**env_fields), judge=judge)
-
-
-def build_retriever(spec: Retriever | Mapping[str, Any] | None) -> Retriever | None:
-    """A retriever from an object (returned as is) or a spec:
-
-    - ``{"type": "serve", "app": "retriever", **client_options}``: the Serve deployment, in-cluster;
-    - ``{"type": "url", "url": "http://127.0.0.1:8000/retrieve", **client_options}``: any Search-R1-style
-      HTTP retrieval server;
-    - ``{"type": "index", "dir": INDEX_DIR}``: an index built by ``rllib-search index build``, in-process;
-    - ``{"type": "bm25", "corpus": PATH}``: BM25 over a corpus file, in-process (small corpora).
-    """
-    if spec is None or isinstance(spec, Retriever):
-        return spec
-    if not isinstance(spec, Mapping):
-        raise TypeError(
-            f"retriever must have search(queries, topk) or be a spec dict, got {type(spec).__name__}"
-        )
-    options = dict(spec)
-    kind = options.pop("type", None)
-    if kind == "serve":
-        from rllib_search.serve.client import RetrieverClient
-
-        return RetrieverClient.from_app(options.pop("app", "retriever"), **options)
-    if kind == "url":
-        from rllib_search.serve.client import RetrieverClient
-
-        return RetrieverClient(**options)
-    if kind == "index":
-        from rllib_search.serve.indexes import load_index
-
-        return load_index(options.pop("dir"), **options)
-    if kind == "bm25":
-        from rllib_search.data.formats import iter_passages, read_corpus
-        from rllib_search.serve.bm25 import BM25Retriever
-
-        return BM25Retriever(list(iter_passages(read_corpus(options["corpus"]))))
-    raise ValueError(f"unknown retriever type {kind!r}; known: 'serve', 'url', 'index', 'bm25'")
 
 
 def _known_keys() -> set[str]:

@@ -4,7 +4,7 @@ A scripted policy writes each turn's text; its token ids are what the "sampler" 
 the env, the protocols, the rewards and the retriever exactly as a model's rollout does (one retriever
 call per turn for the whole batch), before any model is trained. Policies:
 
-- ``teacher``: searches once per hop of the question's chain, then answers (see ``data/teacher.py``);
+- ``teacher``: searches once per hop of the question's chain, then answers (see ``env/teacher.py``);
 - ``noisy_teacher``: the teacher, but 30% of its turns are malformed (unclosed, nested or missing tags);
 - ``no_search``: answers at once with a guess (another question's answer), never searching.
 """
@@ -20,10 +20,10 @@ from typing import Any
 from tqdm import tqdm
 
 from rllib_search.data.records import QARecord
-from rllib_search.data.teacher import TeacherPolicy
-from rllib_search.env.retrieval import Retriever
+from rllib_search.data.retrieval import Retriever
 from rllib_search.env.rewards import exact_match, retrieval_hit, token_f1
 from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig, step_batch
+from rllib_search.env.teacher import TeacherPolicy
 
 POLICIES = ("teacher", "noisy_teacher", "no_search")
 

@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
-from rllib_search.serve.indexes import build_index
+from rllib_search.serve.index_build import build_index
 from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm, free_port
 

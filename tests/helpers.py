@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from rllib_search.data.records import QARecord
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 PASSAGES = [
     Passage("p1", "Tarquin Oskaley", "Tarquin Oskaley was born in Velmora, a river town."),

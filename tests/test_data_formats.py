@@ -25,7 +25,7 @@ from rllib_search.data.formats import (
     write_search_r1_parquet,
 )
 from rllib_search.data.records import QARecord
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 RECORDS = [
     QARecord(

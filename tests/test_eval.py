@@ -13,8 +13,8 @@ import pytest
 from rllib_search.algos.evaluation import aggregate, paired_gain, per_question_metrics, score_predictions
 from rllib_search.data.formats import iter_passages, read_corpus
 from rllib_search.data.records import QARecord
+from rllib_search.data.retrieval import Passage
 from rllib_search.env.protocols import R1_SEARCHER, R_SEARCH, SEARCH_R1
-from rllib_search.env.retrieval import Passage
 from rllib_search.env.search_env import MultiTurnSearchEnv
 from rllib_search.serve.bm25 import BM25Retriever
 
@@ -177,7 +177,8 @@ def write_odd_corpus(path):
 
 def test_retrievers_keep_the_corpus_contents_and_the_env_sends_search_r1_bytes(tmp_path, tiny_tokenizer):
     """Through the real paths: corpus file -> BM25 / index -> passages -> env observation token ids."""
-    from rllib_search.serve.indexes import build_index, load_index
+    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.indexes import load_index
 
     corpus = write_odd_corpus(tmp_path / "corpus.jsonl")
     build_index(corpus, tmp_path / "bm25", kind="bm25", progress=False)

@@ -18,16 +18,12 @@ from rllib_search.data.formats import corpus_jsonl_to_parquet, write_corpus_json
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
 from rllib_search.serve.encoders import EncoderSpec, resolve_model_path
+from rllib_search.serve.index_build import build_index
 from rllib_search.serve.index_cli import add_index_commands
-from rllib_search.serve.indexes import (
-    IndexFileError,
-    IndexMismatchError,
-    SearchIndex,
-    build_index,
-    load_index,
-    read_manifest,
-    resident_memory_mb,
-)
+from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError, read_manifest
+from rllib_search.serve.index_search import SearchIndex
+from rllib_search.serve.indexes import load_index
+from rllib_search.serve.memory import resident_memory_mb
 
 MINILM = "all-minilm-l6-v2"
 

@@ -327,7 +327,7 @@ def test_tune_sweeps_the_reward_lambdas(ray_cluster, model_dir, world, corpus, t
     RLlib's metric names."""
     from ray import tune
 
-    from rllib_search.algos.configs import SearchGRPO
+    from rllib_search.algos.algorithms import SearchGRPO
 
     config = make_config(SearchGRPOConfig, model_dir, world, corpus)
     config.env_config["reward_config"] = {"lambda_format": tune.grid_search([0.0, 0.4])}

@@ -285,7 +285,7 @@ def child(out: str, workdir: str, metrics_port: int, deadline_s: float = 150.0) 
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
     from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
     from rllib_search.serve.client import RetrieverClient
-    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.index_build import build_index
     from rllib_search.serve.judge_client import JudgeClient, JudgeUnavailable
     from rllib_search.serve.retriever import APP_NAME, build_retriever_app
     from tests.helpers import free_port

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rllib_search.data.retrieval import Passage
 from rllib_search.env.protocols import (
     R1_SEARCHER,
     R_SEARCH,
@@ -14,7 +15,6 @@ from rllib_search.env.protocols import (
     protocol_names,
     register_protocol,
 )
-from rllib_search.env.retrieval import Passage
 
 PASSAGES = [Passage("1", "Velmora", "Velmora is a city."), Passage("2", "Dravenia", "Dravenia is a country.")]
 

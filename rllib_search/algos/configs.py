@@ -1,4 +1,4 @@
-"""The algorithms' configs with the papers' defaults, and their Algorithm classes.
+"""The algorithms' configs with the papers' defaults (their Algorithm classes: ``algorithms.py``).
 
 - :class:`SearchGRPOConfig`: Search-R1's GRPO (5 samples per prompt, lr 1e-6, k3 KL 0.001 in the loss).
 - :class:`SearchPPOConfig`: Search-R1's PPO (critic value head, GAE gamma = lambda = 1, KL 0.001 in the
@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from ray.rllib.algorithms.algorithm_config import NotProvided
-from ray.rllib.utils.metrics import LEARNER_RESULTS, LEARNER_UPDATE_TIMER, TIMERS
 
-from rllib_search.algos.algorithm import SearchAlgorithm, train_batch
+from rllib_search.algos.algorithms import SearchGRPO, SearchPPO, SearchReinforcePP, SearchSFT
 from rllib_search.algos.config import SearchConfig
 from rllib_search.algos.rollout import Rollout
 
@@ -91,75 +89,3 @@ class SearchSFTConfig(SearchConfig):
             raise ValueError("SearchSFTConfig needs demonstrations: config.sft(demonstrations=[...])")
         if int(self.sft_batch_size) < 1:
             raise ValueError("sft_batch_size must be at least 1")
-
-
-class SearchGRPO(SearchAlgorithm):
-    @classmethod
-    def get_default_config(cls) -> SearchGRPOConfig:
-        return SearchGRPOConfig()
-
-
-class SearchPPO(SearchAlgorithm):
-    @classmethod
-    def get_default_config(cls) -> SearchPPOConfig:
-        return SearchPPOConfig()
-
-
-class SearchReinforcePP(SearchAlgorithm):
-    @classmethod
-    def get_default_config(cls) -> SearchReinforcePPConfig:
-        return SearchReinforcePPConfig()
-
-
-class SearchSFT(SearchAlgorithm):
-    """Masked SFT: each training step takes the next ``sft_batch_size`` demonstrations (reshuffled every
-    epoch, seeded, position checkpointed) through the same learner update as RL."""
-
-    @classmethod
-    def get_default_config(cls) -> SearchSFTConfig:
-        return SearchSFTConfig()
-
-    def setup(self, config: Any) -> None:
-        super().setup(config)
-        self._sft_rng = np.random.default_rng(self.config.seed or 0)
-        self._sft_order = self._sft_rng.permutation(len(self.config.demonstrations))
-        self._sft_position = 0
-
-    def next_demonstrations(self) -> list[Rollout]:
-        chosen = []
-        for _ in range(int(self.config.sft_batch_size)):
-            if self._sft_position >= len(self._sft_order):
-                self._sft_order = self._sft_rng.permutation(len(self.config.demonstrations))
-                self._sft_position = 0
-            chosen.append(self.config.demonstrations[int(self._sft_order[self._sft_position])])
-            self._sft_position += 1
-        return chosen
-
-    def training_step(self) -> None:
-        demonstrations = self.next_demonstrations()
-        batch = train_batch(demonstrations, self.config, self._pad_token_id())
-        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-            results = self.learner_group.update(
-                batch=batch, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False
-            )
-        self.metrics.aggregate(results, key=LEARNER_RESULTS)
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group, inference_only=True
-        )
-
-    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        state = super().get_state(*args, **kwargs)
-        state["sft_position"] = {
-            "order": self._sft_order.tolist(),
-            "position": self._sft_position,
-            "rng": self._sft_rng.bit_generator.state,
-        }
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        if "sft_position" in state:
-            position = state["sft_position"]
-            self._sft_order = np.asarray(position["order"])
-            self._sft_position = int(position["position"])
-            self._sft_rng.bit_generator.state = position["rng"]

@@ -1,6 +1,6 @@
 """Demonstrations for the warm start: teacher trajectories recorded as Rollout records.
 
-The synthetic world's questions carry their chain of hops, so the teacher (``data/teacher.py``)
+The synthetic world's questions carry their chain of hops, so the teacher (``env/teacher.py``)
 writes protocol-correct turns. They run through the same envs and retriever as RL: the teacher's text of
 each turn is tokenised once and becomes the turn's "generated" token ids (the teacher is the sampler), and
 the env appends real observations, so a demonstration has the very token layout and loss mask an RL
@@ -14,9 +14,9 @@ from typing import Any
 
 from rllib_search.algos.rollout import Rollout
 from rllib_search.data.records import QARecord
-from rllib_search.data.teacher import TeacherPolicy
-from rllib_search.env.retrieval import Retriever
+from rllib_search.data.retrieval import Retriever
 from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig, step_batch
+from rllib_search.env.teacher import TeacherPolicy
 
 
 def teacher_rollouts(

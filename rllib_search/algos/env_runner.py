@@ -40,7 +40,7 @@ from rllib_search.env.search_env import (
     step_batch,
 )
 from rllib_search.llm.engines import Engine, SamplingParams
-from rllib_search.registration import build_retriever
+from rllib_search.serve.client import build_retriever
 from rllib_search.serve.judge_client import build_judge, check_judge_family
 
 logger = logging.getLogger(__name__)

@@ -152,7 +152,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _data_and_retriever(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
-    """The QA files and the retriever spec (``registration.build_retriever``); without ``--data``, the
+    """The QA files and the retriever spec (``serve.client.build_retriever``); without ``--data``, the
     main job's synthetic world and its BM25 index (both written on first use, as the main job does)."""
     given = {
         "url": args.retriever_url,
@@ -171,7 +171,7 @@ def _data_and_retriever(args: argparse.Namespace) -> tuple[list[str], dict[str, 
         return list(args.data), _retriever_spec(*next(iter(chosen.items())))
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.index_build import build_index
 
     world_dir = cache_dir() / "worlds" / f"demo_seed{MAIN_JOB_WORLD_SEED}"
     paths = ensure_world(world_dir, SyntheticWorldConfig(seed=MAIN_JOB_WORLD_SEED))

@@ -281,9 +281,9 @@ def build_runner(
     """An LLMEnvRunner for greedy evaluation (no Algorithm, no Ray), with the policy's weights loaded."""
     from ray.rllib.core import COMPONENT_RL_MODULE
 
-    from rllib_search import ENV_ID
     from rllib_search.algos.config import SearchConfig
     from rllib_search.algos.env_runner import LLMEnvRunner
+    from rllib_search.env.search_env import ENV_ID
 
     model_config = dict(policy.model_config)
     if settings.engine == "vllm" and model_config.get("device") is None:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from rllib_search.data.errors import DataFormatError
 from rllib_search.data.records import QARecord
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 PromptBuilder = Callable[[str], list[dict[str, str]]]
 
@@ -137,9 +137,9 @@ def read_search_r1_parquet(
     return records
 
 
-def _read_parquet(path: Path, memory_map: bool = False) -> pa.Table:
+def _read_parquet(path: Path) -> pa.Table:
     try:
-        return pq.read_table(path, memory_map=memory_map)
+        return pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
         if not path.exists():
             raise
@@ -285,8 +285,11 @@ def write_corpus_jsonl(passages: Iterable[Passage], path: str | Path) -> None:
             f.write(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")
 
 
+CORPUS_BATCH_ROWS = 50_000
+
+
 def corpus_jsonl_to_parquet(
-    jsonl_path: str | Path, parquet_path: str | Path, batch_size: int = 50_000
+    jsonl_path: str | Path, parquet_path: str | Path, batch_size: int = CORPUS_BATCH_ROWS
 ) -> int:
     """Convert a corpus jsonl to parquet ``batch_size`` lines at a time; returns the row count.
 
@@ -297,7 +300,7 @@ def corpus_jsonl_to_parquet(
     rows = 0
     try:
         with pq.ParquetWriter(partial, CORPUS_SCHEMA) as writer:
-            for batch in _corpus_batches(Path(jsonl_path), batch_size):
+            for batch in corpus_batches(jsonl_path, batch_size):
                 writer.write_batch(batch)
                 rows += batch.num_rows
     except BaseException:
@@ -307,7 +310,24 @@ def corpus_jsonl_to_parquet(
     return rows
 
 
-def _corpus_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
+def corpus_batches(path: str | Path, batch_rows: int = CORPUS_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """A corpus file (``.jsonl`` or ``.parquet``) as record batches of :data:`CORPUS_SCHEMA`, read
+    ``batch_rows`` rows at a time: THE normalisation of corpus rows, used by every reader of a corpus.
+
+    jsonl lines ``{"id", "contents": "\"Title\"\ntext"}`` get their title and text split from
+    ``contents``; parquet files need ``id``, ``title`` and ``text`` columns and get ``contents`` made
+    from them where they have none. Ids become strings, nulls empty strings. The file's type and columns
+    are checked before the first batch is asked for.
+    """
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return _jsonl_corpus_batches(path, batch_rows)
+    if path.suffix == ".parquet":
+        return _parquet_corpus_batches(_open_corpus_parquet(path), batch_rows)
+    raise DataFormatError(path, None, None, "unknown corpus file type (expected .jsonl or .parquet)")
+
+
+def _jsonl_corpus_batches(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
     columns: dict[str, list[str]] = {name: [] for name in CORPUS_SCHEMA.names}
     for i, line in _json_lines(path):
         contents = line.get("contents")
@@ -317,33 +337,46 @@ def _corpus_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
         values = (passage.id, passage.title, passage.text, contents)
         for name, value in zip(CORPUS_SCHEMA.names, values, strict=True):
             columns[name].append(value)
-        if len(columns["id"]) >= batch_size:
+        if len(columns["id"]) >= batch_rows:
             yield pa.RecordBatch.from_pydict(columns, schema=CORPUS_SCHEMA)
             columns = {name: [] for name in CORPUS_SCHEMA.names}
     if columns["id"]:
         yield pa.RecordBatch.from_pydict(columns, schema=CORPUS_SCHEMA)
 
 
-def read_corpus(path: str | Path) -> pa.Table:
-    """A corpus as a table with string columns ``id``, ``title`` and ``text`` (and ``contents``).
-
-    Parquet is decoded into process memory (fine for demos and tests); a retrieval index keeps its corpus
-    as a memory-mapped Arrow IPC file instead (``serve/indexes.py``), which costs page cache, not RSS.
-    """
-    path = Path(path)
-    if path.suffix == ".jsonl":
-        return pa.Table.from_batches(list(_corpus_batches(path, 50_000)), schema=CORPUS_SCHEMA)
-    if path.suffix != ".parquet":
-        raise DataFormatError(path, None, None, "unknown corpus file type (expected .jsonl or .parquet)")
-    table = _read_parquet(path, memory_map=True)
+def _open_corpus_parquet(path: Path) -> pq.ParquetFile:
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        if not path.exists():
+            raise
+        raise DataFormatError(path, None, None, f"not a readable parquet file ({err})") from err
     for column in ("id", "title", "text"):
-        if column not in table.column_names:
+        if column not in parquet.schema_arrow.names:
             raise DataFormatError(path, None, column, "missing column")
-    if table.schema.field("id").type != pa.string():
-        table = table.set_column(
-            table.column_names.index("id"), "id", pc.cast(table.column("id"), pa.string())
-        )
-    return table
+    return parquet
+
+
+def _parquet_corpus_batches(parquet: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    names = parquet.schema_arrow.names
+    columns = [name for name in CORPUS_SCHEMA.names if name in names]
+    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+        title, text = (pc.fill_null(pc.cast(batch.column(n), pa.string()), "") for n in ("title", "text"))
+        if "contents" in names:
+            contents = pc.fill_null(pc.cast(batch.column("contents"), pa.string()), "")
+        else:
+            contents = pc.binary_join_element_wise('"', title, '"\n', text, "")
+        ids = pc.cast(batch.column("id"), pa.string())
+        yield pa.RecordBatch.from_arrays([ids, title, text, contents], schema=CORPUS_SCHEMA)
+
+
+def read_corpus(path: str | Path) -> pa.Table:
+    """A corpus as a table of :data:`CORPUS_SCHEMA` (``id``, ``title``, ``text``, ``contents``).
+
+    It is decoded into process memory (fine for demos and tests); a retrieval index keeps its corpus
+    as a memory-mapped Arrow IPC file instead (``serve/index_build.py``), which costs page cache, not RSS.
+    """
+    return pa.Table.from_batches(list(corpus_batches(path)), schema=CORPUS_SCHEMA)
 
 
 def iter_passages(table_or_path: pa.Table | str | Path) -> Iterator[Passage]:

@@ -11,7 +11,8 @@ Each records in ``extra["hops"]`` the searches a perfect agent would make, ``"<e
 ("Tarquin Oskaley birthplace", then "Carvossa country"); every passage stating a fact contains its
 relation word, so BM25 ranks the passage with each hop's answer near the top for that hop's query.
 
-The same config gives byte-identical files: one seeded :class:`random.Random` drives everything.
+The same config gives byte-identical files: one seeded :class:`random.Random` drives everything. The
+words and entity kinds are tables in ``synthetic_vocabulary.py``, the relations in ``synthetic_relations.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ from rllib_search.data.formats import (
     write_search_r1_parquet,
 )
 from rllib_search.data.records import QARecord
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
+from rllib_search.data.synthetic_relations import RELATIONS, RELATIONS_BY_SUBJECT, Relation
+from rllib_search.data.synthetic_vocabulary import (
+    ASIDES,
+    FIRST_SYLLABLES,
+    KINDS,
+    LAST_SYLLABLES,
+    MIDDLE_SYLLABLES,
+    EntityKind,
+)
 
 DATA_SOURCE = "synthetic"
 # Bumped whenever generation changes, so that ensure_world regenerates worlds written by older code.
@@ -162,404 +172,13 @@ def _manifest(world: SyntheticWorld) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Vocabulary: invented words, entity kinds and their attributes
-# ---------------------------------------------------------------------------------------------------------
-
-# A word is FIRST + MIDDLE + LAST ("Velmora", "Ostrivane"): pronounceable, at least two syllables, and
-# never an English word, because every LAST starts with a consonant and no FIRST + LAST pair is English
-# (the tests check the answers against the vocabulary of Python's documentation).
-_FIRST = (
-    "vel", "tar", "mir", "kor", "zan", "bel", "dra", "ist", "ul", "qua", "fen", "hal", "jor", "nim",
-    "pell", "rho", "sar", "thal", "vor", "wyn", "xan", "yss", "zel", "cas", "gal", "lun", "nev", "ost",
-    "ka", "ve", "ta", "ri", "do", "se", "lu", "zo", "fi", "ne", "bra", "tor",
-)  # fmt: skip
-_MIDDLE = (
-    "", "", "", "", "a", "e", "i", "o", "la", "ri", "va", "no", "me", "si", "ke", "lo", "da", "ti",
-    "ra", "ve",
-)  # fmt: skip
-_LAST = (
-    "mora", "quin", "vessa", "drith", "kaley", "bryn", "thar", "zane", "lisk", "vane", "dor", "mir",
-    "wen", "ros", "nath", "vik", "lune", "rath", "sova", "tine", "xel", "dask", "skor", "thova",
-    "ndel", "vaux", "mbrel", "zhen", "quor", "brisk",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """A kind of entity. Names fill ``formats`` with invented words ``{a}`` (and ``{b}``); a confusable
-    twin fills one of ``twin_formats``, keeping ``{a}`` or ``{b}`` and taking a fresh word as ``{new}``."""
-
-    name: str
-    weight: int  # entities of this kind per unit of world size
-    formats: tuple[str, ...]
-    twin_formats: tuple[str, ...]
-    attributes: dict[str, tuple[Any, ...] | range]
-    fillers: tuple[str, ...]  # neutral sentences about the entity, stating no relation and not naming it
-
-
-def _choices(words: str) -> tuple[str, ...]:
-    """A comma-separated list of attribute values as a tuple."""
-    return tuple(words.split(", "))
-
-
-_COMPANY_FORMATS = tuple(
-    f"{{a}} {suffix}" for suffix in ("Dynamics", "Systems", "Industries", "Labs", "Holdings", "Works")
-)
-_UNIVERSITY_FORMATS = tuple(f"{{a}} {suffix}" for suffix in ("University", "College", "Institute"))
-_BAND_FORMATS = tuple(
-    f"The {{a}} {noun}" for noun in ("Lanterns", "Comets", "Ravens", "Tides", "Engines", "Foxes")
-)
-_ALBUM_FORMATS = tuple(
-    f"{{a}} {noun}" for noun in ("Nights", "Sessions", "Horizons", "Letters", "Gardens", "Signals")
-)
-
-KINDS = (
-    _Kind(
-        "person",
-        10,
-        ("{a} {b}",),
-        ("{a} {new}", "{new} {b}"),
-        {
-            "year": range(1931, 1996),
-            "occupation": _choices(
-                "architect, botanist, cartographer, novelist, engineer, chemist, painter, economist, "
-                "sculptor, historian, violinist, surveyor, astronomer, playwright"
-            ),
-            "field": _choices(
-                "mathematics, linguistics, geology, economics, architecture, marine biology, "
-                "philosophy, chemistry, law, medicine"
-            ),
-            "hobby": ("sailor", "chess player", "beekeeper", "climber", "gardener", "birdwatcher"),
-        },
-        (
-            "The {occupation} has worked in the trade for most of a long career.",
-            "Outside work, the {occupation} is a keen {hobby}.",
-        ),
-    ),
-    _Kind(
-        "city",
-        5,
-        ("{a}",),
-        ("Port {a}", "New {a}", "{a} Falls", "Upper {a}"),
-        {
-            "population": range(8, 950),
-            "size": ("small", "mid-sized", "large", "coastal", "hillside", "riverside"),
-            "landmark": _choices(
-                "old harbour, clock tower, glass market, terraced gardens, stone bridge, salt museum"
-            ),
-        },
-        ("The city has about {population},000 inhabitants.", "The city is known for its {landmark}."),
-    ),
-    _Kind(
-        "country",
-        1,
-        ("{a}",),
-        ("North {a}", "East {a}", "West {a}"),
-        {
-            "year": range(1820, 1991),
-            "export": ("copper", "wool", "olive oil", "timber", "glassware", "tea"),
-        },
-        ("The nation declared independence in {year}.", "The nation is known for its exports of {export}."),
-    ),
-    _Kind(
-        "company",
-        3,
-        _COMPANY_FORMATS,
-        _COMPANY_FORMATS,
-        {
-            "year": range(1950, 2016),
-            "industry": _choices(
-                "logistics, software, textile, shipbuilding, biotechnology, aerospace, "
-                "agricultural machinery, insurance"
-            ),
-        },
-        ("The firm was founded in {year}.", "The firm is active in {industry}."),
-    ),
-    _Kind(
-        "university",
-        2,
-        _UNIVERSITY_FORMATS,
-        _UNIVERSITY_FORMATS,
-        {
-            "year": range(1790, 1991),
-            "field": ("mathematics", "linguistics", "geology", "economics", "law", "medicine"),
-        },
-        ("It was established in {year}.", "The university is best known for its {field} faculty."),
-    ),
-    _Kind(
-        "band",
-        3,
-        _BAND_FORMATS,
-        _BAND_FORMATS,
-        {
-            "year": range(1965, 2013),
-            "genre": ("folk", "synth-pop", "jazz", "post-rock", "blues", "indie rock", "metal"),
-        },
-        ("The group released their first record in {year}.", "The group play {genre} music."),
-    ),
-    _Kind(
-        "album",
-        5,
-        _ALBUM_FORMATS,
-        _ALBUM_FORMATS,
-        {
-            "year": range(1968, 2021),
-            "tracks": range(8, 17),
-            "ordinal": ("debut", "second", "third", "fourth", "fifth"),
-        },
-        ("The record has {tracks} tracks.", "The record came out in {year}."),
-    ),
-    _Kind(
-        "river",
-        2,
-        ("{a} River",),
-        ("{a} Creek",),
-        {"length": range(40, 900)},
-        ("It is {length} kilometres long.", "Its waters are known for their trout."),
-    ),
-)
-
-# Statements about a subject {s} that mention another entity {x} of the given kind without stating any
-# relation a question asks about: same-subject distractors.
-_ASIDES: dict[str, tuple[tuple[str, str], ...]] = {
-    "person": (
-        ("city", "{s} spent several years living in {x}."),
-        ("company", "{s} once worked as a consultant for {x}."),
-        ("university", "{s} gave a public lecture at {x} in {year}."),
-    ),
-    "city": (("city", "{s} is twinned with {x}."), ("person", "{x} opened a small gallery in {s}.")),
-    "country": (
-        ("country", "{s} shares a long border with {x}."),
-        ("person", "{x} once served as an envoy to {s}."),
-    ),
-    "company": (
-        ("city", "{s} opened a regional office in {x} in {year}."),
-        ("company", "{s} signed a supply agreement with {x}."),
-    ),
-    "university": (
-        ("university", "{s} runs a student exchange with {x}."),
-        ("person", "{x} taught {field} at {s} for a decade."),
-    ),
-    "band": (
-        ("country", "{s} toured {x} in {year}."),
-        ("band", "{s} shared a stage with {x} at a summer festival."),
-    ),
-    "album": (
-        ("person", "{s} features a guest appearance by {x}."),
-        ("city", "Part of {s} was recorded in {x}."),
-    ),
-    "river": (
-        ("city", "The {s} rises in the hills above {x}."),
-        ("river", "The {s} joins the {x} near its mouth."),
-    ),
-}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Relations
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Relation:
-    """A functional relation: each ``subject`` entity has one ``object``.
-
-    ``keyword`` is what a searcher appends to the subject's name, and every one of ``statements`` (the
-    passage sentences stating the fact) contains it. ``question`` asks for the object of ``{s}``;
-    ``phrase`` names it, so that chains nest: the phrase of one hop becomes ``{s}`` of the next.
-    """
-
-    name: str
-    subject: str
-    object: str
-    keyword: str
-    question: str
-    phrase: str
-    statements: tuple[str, ...]
-
-
-RELATIONS = (
-    _Relation(
-        "born_in",
-        "person",
-        "city",
-        "birthplace",
-        "In which city was {s} born?",
-        "the city where {s} was born",
-        (
-            "{s} is {a_occupation} whose birthplace is {o}.",
-            "The birthplace of {s} is {o}, where the future {occupation} was born in {year}.",
-            "{s} was born in {o} in {year}; the {occupation} still calls that birthplace home.",
-        ),
-    ),
-    _Relation(
-        "studied_at",
-        "person",
-        "university",
-        "alma mater",
-        "Which university did {s} attend?",
-        "the university that {s} attended",
-        (
-            "{s} studied {field} at {o}, which remains the alma mater of the {occupation}.",
-            "The alma mater of {s} is {o}, where the future {occupation} read {field}.",
-            "{s} graduated in {field} from {o}; that alma mater later honoured the {occupation}.",
-        ),
-    ),
-    _Relation(
-        "located_in",
-        "city",
-        "country",
-        "country",
-        "In which country is {s}?",
-        "the country where {s} is located",
-        (
-            "{s} is {a_size} city in the country of {o}.",
-            "Located in the country of {o}, {s} has about {population},000 inhabitants.",
-            "{s} is a city in the country of {o}, known for its {landmark}.",
-        ),
-    ),
-    _Relation(
-        "capital",
-        "country",
-        "city",
-        "capital",
-        "What is the capital of {s}?",
-        "the capital of {s}",
-        (
-            "The capital of {s} is {o}.",
-            "{s} is a country whose capital and largest city is {o}.",
-            "{o} has been the capital of {s} since {year}.",
-        ),
-    ),
-    _Relation(
-        "founded_by",
-        "company",
-        "person",
-        "founder",
-        "Who founded {s}?",
-        "the founder of {s}",
-        (
-            "{s} is {a_industry} company whose founder is {o}.",
-            "{s} was started in {year} by its founder, {o}.",
-            "The founder of {s}, {a_industry} firm, is {o}.",
-        ),
-    ),
-    _Relation(
-        "headquartered_in",
-        "company",
-        "city",
-        "headquarters",
-        "In which city is {s} headquartered?",
-        "the city where {s} is headquartered",
-        (
-            "{s} has its headquarters in {o}.",
-            "The {industry} company {s} keeps its headquarters in {o}.",
-            "{s} moved its headquarters to {o} in {year}.",
-        ),
-    ),
-    _Relation(
-        "chief_executive",
-        "company",
-        "person",
-        "chief executive",
-        "Who is the chief executive of {s}?",
-        "the chief executive of {s}",
-        (
-            "{o} serves as the chief executive of {s}.",
-            "The chief executive of {s} is {o}.",
-            "{s}, {a_industry} company, is run by its chief executive, {o}.",
-        ),
-    ),
-    _Relation(
-        "campus_in",
-        "university",
-        "city",
-        "campus",
-        "In which city is the main campus of {s}?",
-        "the city where {s} has its main campus",
-        (
-            "{s} is a university with its main campus in {o}.",
-            "The main campus of {s} lies in {o}; the university was established in {year}.",
-            "Established in {year}, {s} has its campus in {o}.",
-        ),
-    ),
-    _Relation(
-        "formed_in",
-        "band",
-        "city",
-        "hometown",
-        "In which city was {s} formed?",
-        "the city where {s} was formed",
-        (
-            "{s} are {a_genre} band formed in {year} in {o}, their hometown.",
-            "{s} formed in {o}, the band's hometown, in {year}.",
-            "The {genre} band {s} was formed in its hometown of {o}.",
-        ),
-    ),
-    _Relation(
-        "lead_singer",
-        "band",
-        "person",
-        "lead singer",
-        "Who is the lead singer of {s}?",
-        "the lead singer of {s}",
-        (
-            "{o} is the lead singer of {s}.",
-            "{s} feature {o} as their lead singer.",
-            "The lead singer of the {genre} group {s} is {o}.",
-        ),
-    ),
-    _Relation(
-        "released_by",
-        "album",
-        "band",
-        "band",
-        "Which band released the album {s}?",
-        "the band that released the album {s}",
-        (
-            "{s} is a {year} album released by the band {o}.",
-            "The band {o} released the album {s} in {year}.",
-            "{s} is the {ordinal} studio album by the band {o}.",
-        ),
-    ),
-    _Relation(
-        "produced_by",
-        "album",
-        "person",
-        "producer",
-        "Who produced the album {s}?",
-        "the producer of the album {s}",
-        (
-            "{s} was recorded in {year} with {o} as producer.",
-            "The producer of the album {s} is {o}.",
-            "{o} worked as the producer of {s}, which has {tracks} tracks.",
-        ),
-    ),
-    _Relation(
-        "flows_through",
-        "river",
-        "city",
-        "city",
-        "Which city does the {s} flow through?",
-        "the city that the {s} flows through",
-        (
-            "The {s} flows through the city of {o}.",
-            "On its {length}-kilometre course, the {s} passes through the city of {o}.",
-            "The city of {o} lies on the banks of the {s}.",
-        ),
-    ),
-)
-RELATIONS_BY_SUBJECT = {kind.name: [r for r in RELATIONS if r.subject == kind.name] for kind in KINDS}
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Building a world
 # ---------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Entity:
-    kind: _Kind
+    kind: EntityKind
     name: str
     words: dict[str, str]  # the invented words in the name, by format placeholder ({} for twins)
     attributes: dict[str, Any] = field(default_factory=dict)
@@ -568,7 +187,7 @@ class _Entity:
 @dataclass(frozen=True)
 class _Fact:
     subject: _Entity
-    relation: _Relation
+    relation: Relation
     object: _Entity
 
 
@@ -609,13 +228,17 @@ class _WorldBuilder:
     def _word(self) -> str:
         """A fresh invented word."""
         for _ in range(10_000):
-            word = (self.rng.choice(_FIRST) + self.rng.choice(_MIDDLE) + self.rng.choice(_LAST)).capitalize()
+            word = (
+                self.rng.choice(FIRST_SYLLABLES)
+                + self.rng.choice(MIDDLE_SYLLABLES)
+                + self.rng.choice(LAST_SYLLABLES)
+            ).capitalize()
             if len(word) >= 5 and word not in self.used_words:
                 self.used_words.add(word)
                 return word
         raise ValueError("the world is too large for the invented vocabulary; lower num_passages")
 
-    def _entity(self, kind: _Kind) -> _Entity:
+    def _entity(self, kind: EntityKind) -> _Entity:
         while True:
             fmt = self.rng.choice(kind.formats)
             words = {"a": self._word(), "b": self._word()} if "{b}" in fmt else {"a": self._word()}
@@ -624,7 +247,7 @@ class _WorldBuilder:
                 self.used_names.add(name)
                 return _Entity(kind, name, words, self._attributes(kind))
 
-    def _attributes(self, kind: _Kind) -> dict[str, Any]:
+    def _attributes(self, kind: EntityKind) -> dict[str, Any]:
         """Random attribute values; each text value ``{key}`` also as ``{a_key}``, with its article."""
         values = {key: self.rng.choice(choices) for key, choices in kind.attributes.items()}
         articled = {
@@ -646,7 +269,7 @@ class _WorldBuilder:
             self.twins[entity.name] = _Entity(entity.kind, name, {}, self._attributes(entity.kind))
         return self.twins[entity.name]
 
-    def _pick_object(self, i: int, subject: _Entity, relation: _Relation) -> _Entity:
+    def _pick_object(self, i: int, subject: _Entity, relation: Relation) -> _Entity:
         if relation.name == "located_in":  # the first cities go one to each country, the rest anywhere
             countries = self.entities["country"]
             return countries[i] if i < len(countries) else self.rng.choice(countries)
@@ -688,7 +311,7 @@ class _WorldBuilder:
         whole, fraction = divmod(self.config.distractors_per_fact, 1)
         return int(whole) + (self.rng.random() < fraction)
 
-    def _statement(self, subject: _Entity, relation: _Relation, obj: _Entity) -> str:
+    def _statement(self, subject: _Entity, relation: Relation, obj: _Entity) -> str:
         """The sentence stating a fact, sometimes followed by a filler that adds to it."""
         template = self.rng.choice(relation.statements)
         text = template.format(s=subject.name, o=obj.name, **subject.attributes)
@@ -698,7 +321,7 @@ class _WorldBuilder:
 
     def _aside(self, subject: _Entity) -> str:
         """A statement about ``subject`` naming another entity, with no relation a question asks about."""
-        kind, template = self.rng.choice(_ASIDES[subject.kind.name])
+        kind, template = self.rng.choice(ASIDES[subject.kind.name])
         text = template.format(s=subject.name, x=self._other(kind, subject).name, **subject.attributes)
         return text + self._filler(subject, avoid=template)
 

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 ActionKind = Literal["search", "answer", "invalid"]
 

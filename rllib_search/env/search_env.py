@@ -36,9 +36,9 @@ import numpy as np
 from gymnasium import spaces
 
 from rllib_search.data.records import QARecord
+from rllib_search.data.retrieval import Passage, Retriever
 from rllib_search.env.judge import EvidenceJudge, as_judge
 from rllib_search.env.protocols import Action, Protocol, get_protocol
-from rllib_search.env.retrieval import Passage, Retriever
 from rllib_search.env.rewards import (
     DEFAULT_REWARD_FOR_PROTOCOL,
     REWARDS_USING_EVIDENCE_JUDGE,

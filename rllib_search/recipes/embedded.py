@@ -46,7 +46,7 @@ def embedded_world(seed: int = 0) -> EmbeddedWorld:
     """The synthetic world of ``seed`` and its BM25 index, generated on first use and cached."""
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.indexes import build_index
+    from rllib_search.serve.index_build import build_index
 
     root = cache_dir() / "worlds" / f"demo_seed{seed}"
     paths = ensure_world(root, SyntheticWorldConfig(seed=seed))
@@ -142,12 +142,11 @@ def warm_start(
 
     ``env_config`` holds the env settings (protocol, budgets); ``retriever`` is a retriever spec.
     """
-    from rllib_search import ENV_ID
     from rllib_search.algos.configs import SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
-    from rllib_search.env.search_env import SearchEnvConfig
+    from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
-    from rllib_search.registration import build_retriever
+    from rllib_search.serve.client import build_retriever
 
     demos = teacher_rollouts(
         load_tokenizer(model), build_retriever(retriever), records, SearchEnvConfig.from_dict(env_config)

@@ -1,7 +1,7 @@
 """An in-process BM25 retriever (bm25s): the search engine of tests, demos and small corpora.
 
 The Ray Serve deployment wraps retrievers like this one; anything here satisfies
-:class:`rllib_search.env.retrieval.Retriever`.
+:class:`rllib_search.data.retrieval.Retriever`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import replace
 import bm25s
 import numpy as np
 
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 
 
 class BM25Retriever:

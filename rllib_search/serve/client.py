@@ -1,6 +1,6 @@
 """The retriever client the env uses: in-cluster through a DeploymentHandle, or an HTTP URL.
 
-Both paths satisfy :class:`rllib_search.env.retrieval.Retriever`. Each call has a timeout and bounded
+Both paths satisfy :class:`rllib_search.data.retrieval.Retriever`. Each call has a timeout and bounded
 retries with exponential backoff (``service_client.py``); when every attempt fails the client raises
 :class:`RetrieverUnavailable` and the env turns that into an error observation for the affected episodes,
 so the run goes on. ``stats`` counts calls, retries and failures for metrics.
@@ -10,11 +10,11 @@ The URL path speaks Search-R1's schema, so it also works against an existing Sea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage, Retriever
 from rllib_search.serve.retriever import APP_NAME, DEPLOYMENT_NAME
 from rllib_search.serve.service_client import ServiceClient
 
@@ -86,3 +86,36 @@ class RetrieverClient(ServiceClient):
             ]
             for results in response.json()["result"]
         ]
+
+
+def build_retriever(spec: Retriever | Mapping[str, Any] | None) -> Retriever | None:
+    """A retriever from an object (returned as is) or a spec:
+
+    - ``{"type": "serve", "app": "retriever", **client_options}``: the Serve deployment, in-cluster;
+    - ``{"type": "url", "url": "http://127.0.0.1:8000/retrieve", **client_options}``: any Search-R1-style
+      HTTP retrieval server;
+    - ``{"type": "index", "dir": INDEX_DIR}``: an index built by ``rllib-search index build``, in-process;
+    - ``{"type": "bm25", "corpus": PATH}``: BM25 over a corpus file, in-process (small corpora).
+    """
+    if spec is None or isinstance(spec, Retriever):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise TypeError(
+            f"retriever must have search(queries, topk) or be a spec dict, got {type(spec).__name__}"
+        )
+    options = dict(spec)
+    kind = options.pop("type", None)
+    if kind == "serve":
+        return RetrieverClient.from_app(options.pop("app", "retriever"), **options)
+    if kind == "url":
+        return RetrieverClient(**options)
+    if kind == "index":
+        from rllib_search.serve.indexes import load_index
+
+        return load_index(options.pop("dir"), **options)
+    if kind == "bm25":
+        from rllib_search.data.formats import iter_passages, read_corpus
+        from rllib_search.serve.bm25 import BM25Retriever
+
+        return BM25Retriever(list(iter_passages(read_corpus(options["corpus"]))))
+    raise ValueError(f"unknown retriever type {kind!r}; known: 'serve', 'url', 'index', 'bm25'")

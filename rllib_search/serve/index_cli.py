@@ -33,7 +33,7 @@ ENCODER_FLAGS = ("pooling", "query_prefix", "passage_prefix", "max_length")
 
 def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register ``index build`` and ``index info`` on a CLI's subcommands."""
-    from rllib_search.serve.indexes import KINDS
+    from rllib_search.serve.index_manifest import KINDS
 
     index = subparsers.add_parser("index", help="build and inspect retrieval indexes")
     commands = index.add_subparsers(dest="index_command", required=True)
@@ -71,7 +71,9 @@ def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_index_build(args: argparse.Namespace) -> int:
     """``index build``: options for another kind than ``--kind`` are an error (exit status 2)."""
-    from rllib_search.serve.indexes import DENSE_KINDS, build_index, resident_memory_mb
+    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.index_manifest import DENSE_KINDS
+    from rllib_search.serve.memory import resident_memory_mb
 
     options: dict[str, Any] = {}
     for dest, (kind, option) in KIND_FLAGS.items():
@@ -111,7 +113,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
 def cmd_index_info(args: argparse.Namespace) -> int:
     """``index info DIR``: print the manifest as JSON."""
-    from rllib_search.serve.indexes import read_manifest
+    from rllib_search.serve.index_manifest import read_manifest
 
     print(json.dumps(read_manifest(args.dir), indent=2))
     return 0

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 
-from rllib_search.env.retrieval import Passage
+from rllib_search.data.retrieval import Passage
 from rllib_search.metrics import record
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class RetrieverDeployment:
 
     async def stats(self) -> dict[str, Any]:
         """Replica statistics: resident memory, batches run, mean queries per batch, index manifest."""
-        from rllib_search.serve.indexes import resident_memory_mb
+        from rllib_search.serve.memory import resident_memory_mb
 
         mean = self.batched_queries / self.batches if self.batches else 0.0
         return {

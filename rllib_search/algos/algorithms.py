@@ -1,0 +1,106 @@
+"""The Algorithm classes of the configs in ``configs.py``: ``config.build_algo()`` builds them,
+``tune.Tuner(SearchGRPO, param_space=config)`` trains them. All but :class:`SearchSFT` are
+:class:`~rllib_search.algos.algorithm.SearchAlgorithm` with their own default config; SFT draws its batches
+from demonstrations instead of sampling.
+
+``configs.py`` imports this module (each config names its Algorithm class); the default configs are
+imported when asked for, so the two modules load in either order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ray.rllib.utils.metrics import LEARNER_RESULTS, LEARNER_UPDATE_TIMER, TIMERS
+
+from rllib_search.algos.algorithm import SearchAlgorithm, train_batch
+from rllib_search.algos.rollout import Rollout
+
+if TYPE_CHECKING:
+    from rllib_search.algos.configs import (
+        SearchGRPOConfig,
+        SearchPPOConfig,
+        SearchReinforcePPConfig,
+        SearchSFTConfig,
+    )
+
+
+class SearchGRPO(SearchAlgorithm):
+    @classmethod
+    def get_default_config(cls) -> SearchGRPOConfig:
+        from rllib_search.algos.configs import SearchGRPOConfig
+
+        return SearchGRPOConfig()
+
+
+class SearchPPO(SearchAlgorithm):
+    @classmethod
+    def get_default_config(cls) -> SearchPPOConfig:
+        from rllib_search.algos.configs import SearchPPOConfig
+
+        return SearchPPOConfig()
+
+
+class SearchReinforcePP(SearchAlgorithm):
+    @classmethod
+    def get_default_config(cls) -> SearchReinforcePPConfig:
+        from rllib_search.algos.configs import SearchReinforcePPConfig
+
+        return SearchReinforcePPConfig()
+
+
+class SearchSFT(SearchAlgorithm):
+    """Masked SFT: each training step takes the next ``sft_batch_size`` demonstrations (reshuffled every
+    epoch, seeded, position checkpointed) through the same learner update as RL."""
+
+    @classmethod
+    def get_default_config(cls) -> SearchSFTConfig:
+        from rllib_search.algos.configs import SearchSFTConfig
+
+        return SearchSFTConfig()
+
+    def setup(self, config: Any) -> None:
+        super().setup(config)
+        self._sft_rng = np.random.default_rng(self.config.seed or 0)
+        self._sft_order = self._sft_rng.permutation(len(self.config.demonstrations))
+        self._sft_position = 0
+
+    def next_demonstrations(self) -> list[Rollout]:
+        chosen = []
+        for _ in range(int(self.config.sft_batch_size)):
+            if self._sft_position >= len(self._sft_order):
+                self._sft_order = self._sft_rng.permutation(len(self.config.demonstrations))
+                self._sft_position = 0
+            chosen.append(self.config.demonstrations[int(self._sft_order[self._sft_position])])
+            self._sft_position += 1
+        return chosen
+
+    def training_step(self) -> None:
+        demonstrations = self.next_demonstrations()
+        batch = train_batch(demonstrations, self.config, self._pad_token_id())
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            results = self.learner_group.update(
+                batch=batch, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False
+            )
+        self.metrics.aggregate(results, key=LEARNER_RESULTS)
+        self.env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group, inference_only=True
+        )
+
+    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state = super().get_state(*args, **kwargs)
+        state["sft_position"] = {
+            "order": self._sft_order.tolist(),
+            "position": self._sft_position,
+            "rng": self._sft_rng.bit_generator.state,
+        }
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if "sft_position" in state:
+            position = state["sft_position"]
+            self._sft_order = np.asarray(position["order"])
+            self._sft_position = int(position["position"])
+            self._sft_rng.bit_generator.state = position["rng"]

@@ -1,0 +1,225 @@
+"""Building a retrieval index: the corpus staged as a memory-mapped Arrow IPC file, the faiss or BM25
+index over its ``contents``, then the manifest, written last (the directory's layout: ``index_manifest.py``).
+
+Dense kinds embed each passage's ``contents`` (``"Title"\\ntext``) with the passage prefix, as Search-R1 does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import faiss
+import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from rllib_search.data.errors import DataFormatError
+from rllib_search.data.formats import CORPUS_SCHEMA, corpus_batches
+from rllib_search.serve.encoders import DEFAULT_ENCODER, EncoderSpec, TextEncoder
+from rllib_search.serve.index_manifest import (
+    BM25_DIR,
+    BM25_STOPWORDS,
+    CORPUS_FILE,
+    DENSE_KINDS,
+    FAISS_FILE,
+    KIND_OPTIONS,
+    KINDS,
+    MANIFEST_FILE,
+    MANIFEST_VERSION,
+    open_corpus,
+    write_manifest,
+)
+
+# Rows read from the source corpus at a time while staging it.
+STAGING_BATCH_ROWS = 50_000
+
+
+def build_index(
+    corpus: str | Path,
+    out_dir: str | Path,
+    kind: str,
+    encoder: str | EncoderSpec | None = None,
+    batch_size: int = 256,
+    progress: bool = True,
+    **kind_options: Any,
+) -> dict[str, Any]:
+    """Build a ``kind`` index of a corpus (jsonl or parquet) into ``out_dir``; returns the manifest.
+
+    Dense kinds use ``encoder`` (default :data:`DEFAULT_ENCODER`) and encode ``batch_size`` passages at a
+    time straight into the faiss index; ``kind_options`` are those of :data:`KIND_OPTIONS`.
+    """
+    options = _kind_options(kind, kind_options)
+    spec = _build_spec(kind, encoder)
+    corpus, out = Path(corpus), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST_FILE).unlink(missing_ok=True)  # a rebuild that fails must not look complete
+    checksum = _sha256(corpus)
+    count = _stage_corpus(corpus, out / CORPUS_FILE)
+    if count == 0:
+        raise DataFormatError(corpus, None, None, "the corpus has no passages")
+    table = open_corpus(out / CORPUS_FILE)
+    dim, faiss_params = None, None
+    if spec is not None:
+        text_encoder = TextEncoder(spec)
+        dim = text_encoder.dim
+        if kind == "ivfpq":
+            options = _ivfpq_options(options, count, dim)
+        faiss_params = _build_faiss(
+            table, text_encoder, kind, options, batch_size, progress, out / FAISS_FILE
+        )
+    elif kind == "bm25":
+        _build_bm25(table, options, batch_size, progress, out / BM25_DIR)
+    manifest = {
+        "kind": kind,
+        "encoder": spec.to_dict() if spec is not None else None,
+        "dim": dim,
+        "count": count,
+        "corpus_file": CORPUS_FILE,
+        "corpus_sha256": checksum,
+        "faiss": faiss_params,
+        "options": options,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "version": MANIFEST_VERSION,
+    }
+    write_manifest(out / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def _kind_options(kind: str, given: dict[str, Any]) -> dict[str, Any]:
+    if kind not in KINDS:
+        raise ValueError(f"unknown index kind {kind!r} (expected one of {', '.join(KINDS)})")
+    defaults = KIND_OPTIONS[kind]
+    unknown = sorted(given.keys() - defaults.keys())
+    if unknown:
+        allowed = ", ".join(defaults) or "none"
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for a {kind} index (allowed: {allowed})")
+    return {**defaults, **given}
+
+
+def _build_spec(kind: str, encoder: str | EncoderSpec | None) -> EncoderSpec | None:
+    if kind not in DENSE_KINDS:
+        if encoder is not None:
+            raise ValueError(f"a {kind} index uses no encoder, but encoder {encoder!r} was given")
+        return None
+    if isinstance(encoder, EncoderSpec):
+        return encoder
+    return EncoderSpec.for_model(encoder or DEFAULT_ENCODER)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stage_corpus(source: Path, target: Path) -> int:
+    """Write a corpus jsonl or parquet to ``target`` as an Arrow IPC file, batch by batch; returns rows."""
+    batches = corpus_batches(source, STAGING_BATCH_ROWS)
+    partial = target.with_name(target.name + ".partial")
+    rows = 0
+    try:
+        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, CORPUS_SCHEMA) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
+    return rows
+
+
+def _ivfpq_options(options: dict[str, Any], count: int, dim: int) -> dict[str, Any]:
+    """IVF-PQ options with the unset ones chosen: ~4 sqrt(n) lists, one sub-quantizer per 8 dimensions,
+    and enough training vectors for both k-means (39 per centroid, faiss's minimum without warning)."""
+    nbits = options["nbits"]
+    nlist = options["nlist"] or max(1, min(int(4 * math.sqrt(count)), count // 39))
+    pq_m = options["pq_m"] or max(d for d in range(1, max(1, dim // 8) + 1) if dim % d == 0)
+    train_size = min(count, options["train_size"] or 39 * max(nlist, 2**nbits))
+    if dim % pq_m:
+        raise ValueError(f"ivfpq pq_m={pq_m} must divide the embedding width {dim}")
+    if train_size < max(nlist, 2**nbits):
+        raise ValueError(
+            f"ivfpq with nlist={nlist}, nbits={nbits} needs at least {max(nlist, 2**nbits)} training "
+            f"passages, got {train_size} (corpus of {count})"
+        )
+    return {**options, "nlist": nlist, "pq_m": pq_m, "train_size": train_size}
+
+
+def _new_faiss_index(kind: str, dim: int, options: dict[str, Any]) -> faiss.Index:
+    if kind == "flat":
+        return faiss.IndexFlatIP(dim)
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, options["m"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = options["ef_construction"]
+        index.hnsw.efSearch = options["ef_search"]
+        return index
+    quantizer = faiss.IndexFlatIP(dim)
+    index = faiss.IndexIVFPQ(
+        quantizer, dim, options["nlist"], options["pq_m"], options["nbits"], faiss.METRIC_INNER_PRODUCT
+    )
+    index.nprobe = options["nprobe"]
+    return index
+
+
+def _build_faiss(
+    table: pa.Table,
+    encoder: TextEncoder,
+    kind: str,
+    options: dict[str, Any],
+    batch_size: int,
+    progress: bool,
+    path: Path,
+) -> dict[str, Any]:
+    """Encode the corpus ``batch_size`` passages at a time into a new faiss index written to ``path``;
+    returns the index's parameters for the manifest."""
+    index = _new_faiss_index(kind, encoder.dim, options)
+    if kind == "ivfpq":
+        index.train(_encode_sample(table, encoder, options["train_size"], batch_size))
+    contents = table.column("contents")
+    with tqdm(total=table.num_rows, desc=f"{kind} index", unit="passage", disable=not progress) as bar:
+        for start in range(0, table.num_rows, batch_size):
+            texts = contents.slice(start, batch_size).to_pylist()
+            index.add(encoder.encode_passages(texts, batch_size=batch_size))
+            bar.update(len(texts))
+    faiss.write_index(index, str(path))
+    return {"type": type(index).__name__, "metric": "inner_product", **options}
+
+
+def _encode_sample(table: pa.Table, encoder: TextEncoder, size: int, batch_size: int) -> np.ndarray:
+    """Embeddings of ``size`` passages drawn at random (seeded), to train a quantizer on."""
+    rows = np.sort(np.random.default_rng(0).choice(table.num_rows, size=size, replace=False))
+    parts = [
+        encoder.encode_passages(
+            table.take(pa.array(rows[start : start + batch_size])).column("contents").to_pylist(),
+            batch_size=batch_size,
+        )
+        for start in range(0, size, batch_size)
+    ]
+    return np.concatenate(parts)
+
+
+def _build_bm25(
+    table: pa.Table, options: dict[str, Any], batch_size: int, progress: bool, path: Path
+) -> None:
+    """Tokenise the corpus batch by batch (token ids, not strings, are kept) and save a bm25s index."""
+    tokenizer = bm25s.tokenization.Tokenizer(stopwords=BM25_STOPWORDS)
+    token_ids: list[list[int]] = []
+    contents = table.column("contents")
+    with tqdm(total=table.num_rows, desc="bm25 index", unit="passage", disable=not progress) as bar:
+        for start in range(0, table.num_rows, batch_size):
+            texts = contents.slice(start, batch_size).to_pylist()
+            token_ids.extend(
+                tokenizer.tokenize(texts, update_vocab=True, return_as="ids", show_progress=False)
+            )
+            bar.update(len(texts))
+    model = bm25s.BM25(k1=options["k1"], b=options["b"])
+    model.index((token_ids, tokenizer.get_vocab_dict()), show_progress=False)
+    model.save(str(path), show_progress=False)
