@@ -130,8 +130,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         """Every param group of every registered optimizer."""
         return [
             group
-            for module_id in self.module.keys()
-            for _, optimizer in self.get_optimizers_for_module(module_id)
+            for _, optimizer in self.optimizers()
             for group in optimizer.param_groups
         ]
 
@@ -262,10 +261,14 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         return loss, stats
 
     # --- gradient accumulation ------------------------------------------------------------------------
+    def optimizers(self) -> list[tuple[str, Any]]:
+        """(name, optimizer) of every module, through RLlib's public accessor."""
+        module_ids = list(self.module.keys())
+        return [pair for mid in module_ids for pair in self.get_optimizers_for_module(mid)]
+
     def zero_grads(self) -> None:
-        for module_id in self.module.keys():
-            for _, optimizer in self.get_optimizers_for_module(module_id):
-                optimizer.zero_grad(set_to_none=True)
+        for _, optimizer in self.optimizers():
+            optimizer.zero_grad(set_to_none=True)
 
     def no_sync(self) -> Any:
         """DDP's ``no_sync`` for every wrapped module before the last micro-batch; a no-op otherwise."""
