@@ -67,6 +67,14 @@ class DeepSpeedRLModule(RLModule, torch.nn.Module):
         return self.engine.module
 
     @override(RLModule)
+    def is_stateful(self) -> bool:
+        return self.unwrapped().is_stateful()
+
+    @override(RLModule)
+    def get_initial_state(self) -> Any:
+        return self.unwrapped().get_initial_state()
+
+    @override(RLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self.engine(batch)
 
