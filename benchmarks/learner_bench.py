@@ -3,12 +3,20 @@
 Both train the same model from the same weights on the same padded batch of search-agent sequences
 (prompt, generated turns, observation holes, right padding), in the same micro-batches:
 
-- learner: ``SearchLearner.update`` (GRPO loss, KL off so both do the same work; RLlib's update loop,
+- learner: ``SearchTorchLearner.update`` (GRPO loss, KL off so both do the same work; RLlib's update loop,
   batch preparation, metrics, the NaN guard, gradient clipping, AdamW);
-- raw: ``model(input_ids).logits`` -> log_softmax -> gather -> masked clipped-surrogate loss -> backward ->
-  clip -> AdamW step, written in a dozen lines.
+- raw (masked): the decoder's hidden states -> the vocabulary projection of the loss-masked positions
+  only (as the learner's module does) -> log_softmax -> gather -> masked clipped-surrogate loss ->
+  backward -> clip -> AdamW step, written in a dozen lines;
+- raw (full projection): the same with ``model(input_ids).logits`` over every position.
 
-Trained tokens per second = generated (loss-masked) tokens / wall time of one update; runs alternate so both
+The headline, ``learner_vs_raw_tokens_per_s_ratio``, compares like with like: the learner against the
+masked raw loop (the minimum over models). ``learner_vs_full_projection_raw_ratio`` (per model) is the
+learner against the full-projection loop: it measures the masked projection as well as the learner's
+overhead. The masked raw loop is also the oracle of ``tests/test_learner_oracle.py``: one learner update
+gives its weights.
+
+Trained tokens per second = generated (loss-masked) tokens / wall time of one update; runs alternate so all
 see the same machine load. Also reported: the learner with the k3 KL to a frozen reference on (its extra
 reference forward pass), and peak RSS. Prints a final JSON line and writes
 ``benchmarks/results/learner.json``; ``--quick`` runs in under 3 minutes.
@@ -68,11 +76,11 @@ def search_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[str,
     }
 
 
-def build_learner(model: str, micro: int, kl_coeff: float):
+def build_learner(model: str, micro: int, kl_coeff: float, lr: float = 1e-5):
     config = (
         SearchGRPOConfig()
         .rl_module(model_config={"model": model})
-        .training(lr=1e-5, kl_coeff=kl_coeff, micro_batch_size=micro, grad_clip=1.0)
+        .training(lr=lr, kl_coeff=kl_coeff, micro_batch_size=micro, grad_clip=1.0)
     )
     vocab = len(load_tokenizer(model))
     space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
@@ -80,13 +88,29 @@ def build_learner(model: str, micro: int, kl_coeff: float):
 
 
 class RawLoop:
-    """The plain torch loop: the same loss on the same micro-batches, no RLlib."""
+    """The plain torch loop: the same loss on the same micro-batches, no RLlib. ``masked``: only the
+    loss-masked positions go through the vocabulary projection (as in the learner's module)."""
 
-    def __init__(self, model: str, micro: int) -> None:
+    def __init__(self, model: str, micro: int, masked: bool = True, lr: float = 1e-5) -> None:
         self.model, _ = load_causal_lm(model)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-5, weight_decay=0.01)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
         self.micro = micro
+        self.masked = masked
+
+    def logprobs(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T-1) log-probs of the next tokens (0 off the mask when ``masked``)."""
+        if not self.masked:
+            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+            return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.model.get_decoder()(
+            input_ids=ids, attention_mask=attention, position_ids=positions
+        ).last_hidden_state[:, :-1]
+        where = mask.bool()
+        logits = self.model.get_output_embeddings()(hidden[where]).float()
+        picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
+        return torch.zeros(where.shape, dtype=torch.float32).index_put((where,), picked)
 
     def update(self, batch: dict[str, np.ndarray]) -> None:
         columns = {k: torch.as_tensor(v) for k, v in batch.items()}
@@ -97,8 +121,7 @@ class RawLoop:
             width = int(part["attention_mask"].sum(-1).max())
             ids, attention = part["input_ids"][:, :width], part["attention_mask"][:, :width]
             mask, old = part["loss_mask"][:, : width - 1], part["old_logprobs"][:, : width - 1]
-            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-            logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            logprobs = self.logprobs(ids, attention, mask)
             advantages = part["episode_advantages"][:, None] * mask
             loss, _ = clipped_policy_loss(logprobs, old, advantages, mask)
             (loss * ids.shape[0] / rows).backward()
@@ -115,15 +138,17 @@ def timed(fn) -> float:
 def bench(model: str, rows: int, length: int, micro: int, repeats: int) -> dict[str, float]:
     learner = build_learner(model, micro, kl_coeff=0.0)
     with_kl = build_learner(model, micro, kl_coeff=0.001)
-    raw = RawLoop(model, micro)
+    raw = RawLoop(model, micro, masked=True)
+    raw_full = RawLoop(model, micro, masked=False)
     vocab = int(learner.module[DEFAULT_MODULE_ID].unwrapped().model.config.vocab_size)
     batch = search_batch(rows, length, vocab)
     tokens = float(batch["loss_mask"].sum())
     multi = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=rows)
-    runs: dict[str, list[float]] = {"learner": [], "raw": [], "learner_kl": []}
+    runs: dict[str, list[float]] = {"learner": [], "raw": [], "raw_full": [], "learner_kl": []}
     steps = {
         "learner": lambda: learner.update(batch=multi),
         "raw": lambda: raw.update(batch),
+        "raw_full": lambda: raw_full.update(batch),
         "learner_kl": lambda: with_kl.update(batch=multi),
     }
     for step in steps.values():  # warm-up (allocator, first-call overheads)
@@ -139,8 +164,10 @@ def bench(model: str, rows: int, length: int, micro: int, repeats: int) -> dict[
         "trained_tokens": tokens,
         "learner_tokens_per_s": tokens / seconds["learner"],
         "raw_tokens_per_s": tokens / seconds["raw"],
+        "raw_full_projection_tokens_per_s": tokens / seconds["raw_full"],
         "learner_with_kl_tokens_per_s": tokens / seconds["learner_kl"],
         "learner_vs_raw_tokens_per_s_ratio": seconds["raw"] / seconds["learner"],
+        "learner_vs_full_projection_raw_ratio": seconds["raw_full"] / seconds["learner"],
     }
 
 

@@ -61,25 +61,17 @@ def _rllib_env_creator(env_config: Mapping[str, Any]) -> MultiTurnSearchEnv:
 
 
 def register_envs() -> None:
-    """Register ``rllib_search/MultiTurnSearch-v0`` with RLlib and gymnasium (idempotent).
+    """Register ``rllib_search/MultiTurnSearch-v0`` with gymnasium and RLlib (idempotent), through their
+    public APIs only (``gymnasium.register``, ``ray.tune.registry.register_env``).
 
-    Tune's registry lives in the cluster once Ray is up and is gone with it, so the RLlib registration is
-    also repeated after every ``ray.init`` (a post-init hook): a second Ray session in the same process
-    still finds the env.
+    Tune's registry lives in the running cluster and is gone with it; gymnasium's lives in each process
+    that imports ``rllib_search`` (every Ray worker that unpickles a config does). RLlib resolves an env id
+    that Tune's registry lacks through gymnasium (``gymnasium.make(ENV_ID, **env_config)``), so the env is
+    found in every Ray session, a second one in the same process included, without any hook into Ray.
     """
     import gymnasium as gym
-    import ray
     from ray.tune.registry import register_env
 
     register_env(ENV_ID, _rllib_env_creator)
     if ENV_ID not in gym.registry:
         gym.register(id=ENV_ID, entry_point="rllib_search.registration:make_env", disable_env_checker=True)
-    hooks = getattr(ray._private.worker, "_post_init_hooks", None)
-    if hooks is not None and _register_rllib_env not in hooks:
-        hooks.append(_register_rllib_env)
-
-
-def _register_rllib_env() -> None:
-    from ray.tune.registry import register_env
-
-    register_env(ENV_ID, _rllib_env_creator)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rllib_search.algos.advantages import gae, grpo_advantages, masked_whiten, reinforce_pp_advantages
+from rllib_search.algos.advantages import (
+    gae,
+    grpo_advantages,
+    masked_whiten,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline,
+)
 
 
 def test_grpo_on_a_hand_computed_group():
@@ -67,8 +73,10 @@ def test_masked_whiten_uses_only_masked_entries():
 
 def test_reinforce_pp_group_baseline_and_token_rewards():
     mask = np.array([[1, 1, 0, 1], [1, 1, 1, 0]])
-    token_rewards = np.array([[-0.1, 0.0, 5.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    advantages = reinforce_pp_advantages([1.0, 0.0], ["g", "g"], token_rewards, mask)
+    penalty = np.array([[0.1, 0.0, -5.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # e.g. kl_coeff * KL
+    signal = reinforce_pp_baseline([1.0, 0.0], ["g", "g"])
+    np.testing.assert_allclose(signal, [0.5, -0.5])
+    advantages = reinforce_pp_advantages(signal, mask, penalty)
     # Baseline 0.5: row 0 gets +0.5 on its last generated token, row 1 gets -0.5; returns-to-go:
     raw = np.array([[0.4, 0.5, 0.0, 0.5], [-0.5, -0.5, -0.5, 0.0]])
     np.testing.assert_allclose(advantages, masked_whiten(raw, mask))

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -391,19 +388,3 @@ def test_registered_with_rllib_and_gymnasium(tiny_tokenizer, tmp_path):
     assert isinstance(gym_env.unwrapped, MultiTurnSearchEnv)
     with pytest.raises(ValueError, match="unknown env_config keys"):
         creator({**env_config, "max_turn": 2})
-
-
-def test_importing_the_package_registers_the_env_for_every_ray_session():
-    script = (
-        "import rllib_search, ray\n"
-        "from ray.tune.registry import ENV_CREATOR, _global_registry as r\n"
-        "assert r.contains(ENV_CREATOR, rllib_search.ENV_ID)\n"
-        "for _ in range(2):\n"
-        "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
-        "    assert r.contains(ENV_CREATOR, rllib_search.ENV_ID)\n"
-        "    ray.shutdown()\n"
-        "import gymnasium\n"
-        "assert rllib_search.ENV_ID in gymnasium.registry\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]

@@ -8,16 +8,23 @@ advantage, and whitening statistics are taken over generated tokens alone.
   (compute it before episodes are sharded across learners, which would split groups).
 - :func:`gae`: generalised advantage estimation over the generated tokens of each sequence, skipping the
   observation tokens between turns (Search-R1's PPO: gamma = lambda = 1).
-- :func:`reinforce_pp_advantages`: REINFORCE++ with a group baseline (R1-Searcher): the outcome reward
-  minus its group mean, plus per-token rewards such as a KL penalty, summed into returns-to-go with
+- :func:`reinforce_pp_baseline` then :func:`reinforce_pp_advantages`: REINFORCE++ with a group baseline
+  (R1-Searcher): the outcome reward minus its group mean (over whole groups, before sharding), placed on
+  the last generated token, plus per-token rewards such as a KL penalty, summed into returns-to-go with
   discount gamma (1 by default), then whitened over the batch's generated tokens.
+
+Whitening takes a ``reduce_sums`` function: the learner passes one that sums the moments over every
+learner's shard, so 2 learners whiten like 1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+# Sums (sum, sum of squares, count) of a learner's shard over all learners; identity for one learner.
+ReduceSums = Callable[[np.ndarray], np.ndarray]
 
 
 def group_statistics(rewards: np.ndarray, group_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -52,14 +59,23 @@ def grpo_advantages(
     return centred / (stds + eps) if scale_by_std else centred
 
 
-def masked_whiten(values: np.ndarray, mask: np.ndarray, eps: float = 1e-8) -> np.ndarray:
-    """(values - mean) / std over the masked entries; unmasked entries become 0."""
+def masked_whiten(
+    values: np.ndarray, mask: np.ndarray, eps: float = 1e-8, reduce_sums: ReduceSums | None = None
+) -> np.ndarray:
+    """(values - mean) / std over the masked entries; unmasked entries become 0. ``reduce_sums`` turns
+    this shard's (sum, sum of squares, count) into those of all shards."""
+    values = np.asarray(values, dtype=np.float64)
     mask = np.asarray(mask, dtype=bool)
     selected = values[mask]
-    if selected.size == 0:
-        return np.zeros_like(values, dtype=np.float64)
-    whitened = (values - selected.mean()) / (selected.std() + eps)
-    return np.where(mask, whitened, 0.0)
+    sums = np.array([selected.sum(), (selected**2).sum(), float(selected.size)])
+    if reduce_sums is not None:
+        sums = np.asarray(reduce_sums(sums), dtype=np.float64)
+    total, total_sq, count = sums.tolist()
+    if count == 0:
+        return np.zeros_like(values)
+    mean = total / count
+    std = float(np.sqrt(max(total_sq / count - mean**2, 0.0)))
+    return np.where(mask, (values - mean) / (std + eps), 0.0)
 
 
 def gae(
@@ -113,18 +129,33 @@ def place_on_last_token(per_episode: Sequence[float], mask: np.ndarray) -> np.nd
     return placed
 
 
-def reinforce_pp_advantages(
-    outcome_rewards: Sequence[float],
-    group_ids: Sequence[str],
-    token_rewards: np.ndarray,
-    mask: np.ndarray,
-    gamma: float = 1.0,
+def outcome_token_rewards(
+    per_episode: Sequence[float], mask: np.ndarray, token_penalty: np.ndarray | None = None
 ) -> np.ndarray:
-    """REINFORCE++ with a group baseline (R1-Searcher): each episode's outcome reward minus its group's
-    mean is placed on its last generated token, ``token_rewards`` (e.g. -beta * KL per token) are added,
-    returns-to-go are summed over generated tokens with ``gamma``, and the result is whitened over the
-    batch's generated tokens."""
-    outcome = np.asarray(outcome_rewards, dtype=np.float64)
-    baseline, _ = group_statistics(outcome, group_ids)
-    rewards = np.asarray(token_rewards, dtype=np.float64) + place_on_last_token(outcome - baseline, mask)
-    return masked_whiten(returns_to_go(rewards, mask, gamma), mask)
+    """(B, T) token rewards: each episode's outcome on its last generated token, minus ``token_penalty``
+    (e.g. ``kl_coeff * KL``) on every generated token."""
+    rewards = place_on_last_token(per_episode, mask)
+    if token_penalty is not None:
+        rewards = rewards - np.where(np.asarray(mask, dtype=bool), token_penalty, 0.0)
+    return rewards
+
+
+def reinforce_pp_baseline(rewards: Sequence[float], group_ids: Sequence[str]) -> np.ndarray:
+    """REINFORCE++'s episode signal: the outcome reward minus its group's mean (a group of one keeps its
+    reward). Computed over whole groups, before episodes are sharded across learners."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return rewards - group_statistics(rewards, group_ids)[0]
+
+
+def reinforce_pp_advantages(
+    episode_signal: Sequence[float],
+    mask: np.ndarray,
+    token_penalty: np.ndarray | None = None,
+    gamma: float = 1.0,
+    reduce_sums: ReduceSums | None = None,
+) -> np.ndarray:
+    """REINFORCE++ (R1-Searcher): :func:`reinforce_pp_baseline`'s signal on each episode's last generated
+    token, minus ``token_penalty`` per generated token, summed into returns-to-go with ``gamma``, then
+    whitened over the batch's generated tokens."""
+    rewards = outcome_token_rewards(episode_signal, mask, token_penalty)
+    return masked_whiten(returns_to_go(rewards, mask, gamma), mask, reduce_sums=reduce_sums)

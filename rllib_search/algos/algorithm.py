@@ -44,7 +44,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_search.algos import dashboard_metrics
-from rllib_search.algos.advantages import group_statistics, grpo_advantages
+from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
 from rllib_search.algos.batching import pad_rollouts
 from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
@@ -60,7 +60,7 @@ def episode_advantages(rollouts: list[Rollout], config: Any) -> np.ndarray:
     if estimator == "grpo":
         return grpo_advantages(rewards, groups, scale_by_std=config.scale_by_std)
     if estimator == "reinforce_pp":
-        return rewards - group_statistics(rewards, groups)[0]
+        return reinforce_pp_baseline(rewards, groups)
     if estimator in ("gae", "sft"):
         return rewards
     raise ValueError(f"unknown advantage_estimator {estimator!r}")

@@ -7,12 +7,16 @@ compare with it (the loss mask, the sampler's log-probs, advantages) is shifted 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from rllib_search.algos.rollout import Rollout
+
+# Columns whose time axis is the whole sequence (B, T); every other 2-D column is (B, T-1).
+FULL_LENGTH_COLUMNS = ("input_ids", "attention_mask")
 
 
 def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -51,7 +55,33 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     }
 
 
-def broadcast_to_tokens(per_episode: Sequence[float], loss_mask: torch.Tensor) -> torch.Tensor:
+def broadcast_to_tokens(per_episode: Sequence[float], loss_mask: np.ndarray) -> np.ndarray:
     """An episode-level value (a GRPO advantage) on every generated token of its row, 0 elsewhere."""
-    values = torch.as_tensor(np.asarray(per_episode, dtype=np.float32))[:, None]
-    return values * loss_mask
+    values = np.asarray(per_episode, dtype=np.float64)[:, None]
+    return values * np.asarray(loss_mask, dtype=np.float64)
+
+
+def micro_batches(columns: dict[str, Any], size: int | None) -> Iterator[dict[str, Any]]:
+    """Slices of ``size`` rows (all rows when None), each cut to its own longest sequence: (B, T)
+    columns to the longest row, (B, T-1) columns one shorter, other columns kept."""
+    rows = int(columns["input_ids"].shape[0])
+    size = int(size or rows)
+    for start in range(0, rows, size):
+        part = {k: v[start : start + size] for k, v in columns.items()}
+        width = max(2, int(part["attention_mask"].sum(-1).max()))
+        yield {
+            k: (v[:, :width] if k in FULL_LENGTH_COLUMNS else v[:, : width - 1]) if v.ndim == 2 else v
+            for k, v in part.items()
+        }
+
+
+def micro_batch_weights(masks: Sequence[Any], aggregation: str = "sequence") -> list[float]:
+    """Each micro-batch's share of its mini-batch's loss, so that gradients accumulated with these
+    weights equal the gradient of the whole mini-batch's loss: by sequences that have loss tokens
+    (``sequence`` aggregation) or by loss tokens (``token``)."""
+    if aggregation == "token":
+        sizes = [float(m.sum()) for m in masks]
+    else:
+        sizes = [float((m.sum(-1) > 0).sum()) for m in masks]
+    total = sum(sizes)
+    return [size / total if total else 1.0 / len(sizes) for size in sizes]

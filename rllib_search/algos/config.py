@@ -177,9 +177,13 @@ class SearchConfig(AlgorithmConfig):
         return self
 
     def get_default_learner_class(self) -> type:
-        from rllib_search.algos.learner import SearchLearner
+        if self.deepspeed:
+            from rllib_search.algos.deepspeed_learner import SearchDeepSpeedLearner
 
-        return SearchLearner
+            return SearchDeepSpeedLearner
+        from rllib_search.algos.torch_learner import SearchTorchLearner
+
+        return SearchTorchLearner
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         from rllib_search.algos.rl_module import LLMRLModule
