@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -40,12 +39,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 ENCODER = "all-minilm-l6-v2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_corpus_and_index(num_passages: int, cache: Path) -> tuple[Path, list[str]]:
@@ -270,6 +263,7 @@ def main() -> None:
     import torch
 
     from rllib_search.serve.encoders import resolve_dtype
+    from rllib_search.serve.ports import free_port
 
     query_dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     dtype_recall = query_dtype_recall_at_3(index_dir, queries, query_dtype, 200 if args.quick else 500)
