@@ -94,14 +94,18 @@ def test_one_sample_makes_one_judge_call_for_all_its_evidences(
     judge_url, sometimes_evidence_policy_dir, world
 ):
     spec = {"type": "serve", "app": "judge", "max_tokens": 8}
-    runner = LLMEnvRunner(config=runner_config(sometimes_evidence_policy_dir, world, spec))
+    # 16 episodes sampled at temperature 1: some with an evidence box, some without.
+    config = runner_config(
+        sometimes_evidence_policy_dir, world, spec, group_size=4, prompts_per_sample=4, temperature=1.0
+    )
+    runner = LLMEnvRunner(config=config)
     judge = JudgeClient.from_app("judge")
     before = judge.describe()
     rollouts = runner.sample()
     after = judge.describe()
     metrics = runner.get_metrics()
     judged = with_evidence(rollouts)
-    assert len(rollouts) == 6 and len(judged) >= 1
+    assert len(rollouts) == 16 and len(judged) >= 1
     assert after["requests"] - before["requests"] == 1  # ONE call for the whole sample
     assert (metrics["judge_calls"], metrics["judge_prompts"], metrics["judge_errors"]) == (1, len(judged), 0)
     for rollout in judged:

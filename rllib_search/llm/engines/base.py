@@ -120,8 +120,9 @@ class Engine(abc.ABC):
 def row_limits(
     prefixes: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: Sequence[int] | None
 ) -> list[int]:
-    """Each row's token limit: ``max_new_tokens`` when given, else ``params.max_new_tokens``. Every engine
-    calls this first; it also rejects an empty prefix (there is nothing to continue)."""
+    """Each row's token limit: ``max_new_tokens`` when given, else ``params.max_new_tokens``.
+    :meth:`Engine.generate` calls this first for every engine; it also rejects an empty prefix (there is
+    nothing to continue)."""
     if any(len(prefix) == 0 for prefix in prefixes):
         raise ValueError("every prefix needs at least one token")
     n = len(prefixes)
