@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -37,12 +36,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 JUDGE = "gemma3-270m"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def evidence_prompts(count: int) -> list[str]:
@@ -151,6 +144,7 @@ def main() -> None:
     from ray import serve
 
     from rllib_search.serve.judge import build_judge_app
+    from rllib_search.serve.ports import free_port
 
     repeats = 1 if args.quick else 2
     serial_count = 12 if args.quick else 32

@@ -12,10 +12,17 @@ send). Each system gets the whole machine:
   searches each request alone, run with one torch/faiss thread and with one per core; the baseline at each
   level is the faster of the two.
 
+Like for like, the ratio Serve / naive is reported at every level (``serve_vs_naive_qps_ratio``): at
+concurrency 1 there is nothing to batch and the naive server, with no proxy hop, is the faster. Then the
+load as rollouts send it (``batched``): an EnvRunner sends ONE request per turn carrying every query of
+its sample (``--batch-queries``, default 32: 8 prompts x G=4), from 1 runner and from ``--runners``
+(default 4) at once; the naive server encodes such a request in one batch too.
+
 Also measured: HNSW recall@3 against Flat, the query dtype's recall@3 against fp32 queries, and the
 resident memory of a replica.
 
-Prints a final JSON line and writes ``benchmarks/results/retriever.json`` and ``retriever.png``.
+Prints a final JSON line and writes ``benchmarks/results/retriever.json`` and ``retriever.png``
+(``--quick``: ``retriever_quick.json`` and ``retriever_quick.png``, never the full run's files).
 
     python benchmarks/retriever_bench.py            # full run (the first run builds the index: minutes)
     python benchmarks/retriever_bench.py --quick    # under 3 minutes
@@ -29,7 +36,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -40,12 +46,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 ENCODER = "all-minilm-l6-v2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_corpus_and_index(num_passages: int, cache: Path) -> tuple[Path, list[str]]:
@@ -108,10 +108,11 @@ def query_dtype_recall_at_3(index_dir: Path, queries: list[str], dtype: str, num
     return hits / (3 * len(sample))
 
 
-def _summary(latencies: list[float], wall: float, failures: int) -> dict[str, float]:
+def _summary(latencies: list[float], wall: float, failures: int, batch: int = 1) -> dict[str, float]:
     ms = np.asarray(latencies) * 1000
     return {
-        "qps": len(latencies) / wall,
+        "qps": len(latencies) * batch / wall,  # queries/s: requests x queries a request
+        "queries_per_request": batch,
         "p50_ms": float(np.percentile(ms, 50)),
         "p99_ms": float(np.percentile(ms, 99)),
         "failures": failures,
@@ -119,8 +120,11 @@ def _summary(latencies: list[float], wall: float, failures: int) -> dict[str, fl
     }
 
 
-async def load_http(url: str, queries: list[str], concurrency: int, num_requests: int) -> dict[str, float]:
-    """``num_requests`` one-query HTTP requests, ``concurrency`` in flight; throughput and latency."""
+async def load_http(
+    url: str, queries: list[str], concurrency: int, num_requests: int, batch: int = 1
+) -> dict[str, float]:
+    """``num_requests`` HTTP requests of ``batch`` queries each, ``concurrency`` in flight; throughput
+    (queries/s) and latency (of a request)."""
     import aiohttp
 
     latencies: list[float] = []
@@ -130,7 +134,8 @@ async def load_http(url: str, queries: list[str], concurrency: int, num_requests
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal failures
         for i in counter:
-            body = {"queries": [queries[i % len(queries)]], "topk": 3, "return_scores": True}
+            chosen = [queries[(i * batch + k) % len(queries)] for k in range(batch)]
+            body = {"queries": chosen, "topk": 3, "return_scores": True}
             started = time.perf_counter()
             async with session.post(url, json=body) as response:
                 await response.read()
@@ -141,7 +146,7 @@ async def load_http(url: str, queries: list[str], concurrency: int, num_requests
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         started = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        return _summary(latencies, time.perf_counter() - started, failures)
+        return _summary(latencies, time.perf_counter() - started, failures, batch)
 
 
 async def load_handle(handle, queries: list[str], concurrency: int, num_requests: int) -> dict[str, float]:
@@ -258,6 +263,8 @@ def main() -> None:
     parser.add_argument(
         "--replicas", type=int, default=2, help="Serve replicas, one CPU each (default: one per core)"
     )
+    parser.add_argument("--batch-queries", type=int, default=32, help="queries a rollout's turn request")
+    parser.add_argument("--runners", type=int, default=4, help="runners sending batched requests at once")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     num_passages = args.passages or (10_000 if args.quick else 100_000)
@@ -271,6 +278,7 @@ def main() -> None:
     import torch
 
     from rllib_search.serve.encoders import resolve_dtype
+    from rllib_search.serve.ports import free_port
 
     query_dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     dtype_recall = query_dtype_recall_at_3(index_dir, queries, query_dtype, 200 if args.quick else 500)
@@ -301,6 +309,22 @@ def main() -> None:
                 f"{_row(handle_rows[-1])} | {naive_text}",
                 flush=True,
             )
+        # As rollouts send them: one request a turn with every query of a sample, 1 and several runners.
+        batched_levels = sorted({1, args.runners})
+        batched_serve, batched_naive = [], {t: [] for t in naive_threads}
+        for runners in batched_levels:
+            n = max(runners * (4 if args.quick else 10), 8)
+            batched_serve.append(asyncio.run(load_http(serve_url, queries, runners, n, args.batch_queries)))
+            for threads, url in naive_urls.items():
+                batched_naive[threads].append(
+                    asyncio.run(load_http(url, queries, runners, n, args.batch_queries))
+                )
+            naive_text = " | ".join(f"naive/{t}t {_row(rows[-1])}" for t, rows in batched_naive.items())
+            print(
+                f"[bench] {runners} runner(s) x {args.batch_queries}-query requests: serve/http "
+                f"{_row(batched_serve[-1])} | {naive_text}",
+                flush=True,
+            )
         replica_stats = [handle.stats.remote().result() for _ in range(4 * args.replicas)]
     finally:
         for naive in naives:
@@ -310,6 +334,10 @@ def main() -> None:
         serve.shutdown()
     best_naive = [
         max((rows[i] for rows in naive_rows.values()), key=lambda r: r["qps"]) for i in range(len(levels))
+    ]
+    best_batched_naive = [
+        max((rows[i] for rows in batched_naive.values()), key=lambda r: r["qps"])
+        for i in range(len(batched_levels))
     ]
 
     results = {
@@ -323,8 +351,25 @@ def main() -> None:
         "replicas": args.replicas,
         "query_dtype": query_dtype,
         "query_dtype_recall_at_3_vs_fp32": dtype_recall,
-        # Both over HTTP: the like-for-like comparison (Search-R1's clients call HTTP).
-        # The ingress named above carries Serve's HTTP.
+        # Both over HTTP, the like-for-like comparison (Search-R1's clients call HTTP; the ingress named
+        # above carries Serve's HTTP), at every concurrency of one-query requests: Serve loses at 1.
+        "serve_vs_naive_qps_ratio": {
+            str(c): serve_rows[i]["qps"] / best_naive[i]["qps"] for i, c in enumerate(levels)
+        },
+        # As rollouts send them: one request of --batch-queries queries a turn, from 1 and --runners runners.
+        "batched_queries_per_request": args.batch_queries,
+        "batched_serve_vs_naive_qps_ratio": {
+            str(r): batched_serve[i]["qps"] / best_batched_naive[i]["qps"]
+            for i, r in enumerate(batched_levels)
+        },
+        "batched": {
+            str(r): {
+                "serve_http": batched_serve[i],
+                "naive_http": best_batched_naive[i],
+                **{f"naive_http_{t}_threads": rows[i] for t, rows in batched_naive.items()},
+            }
+            for i, r in enumerate(batched_levels)
+        },
         "serve_vs_naive_qps_ratio_c32": serve_rows[-1]["qps"] / best_naive[-1]["qps"],
         "serve_p99_ms_c32": serve_rows[-1]["p99_ms"],
         # The in-cluster path our rollouts use: a DeploymentHandle, no HTTP proxy.
@@ -344,7 +389,8 @@ def main() -> None:
         },
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "retriever.json").write_text(json.dumps(results, indent=2))
+    name = "retriever_quick" if args.quick else "retriever"
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(
         levels,
         {
@@ -352,7 +398,7 @@ def main() -> None:
             "Serve + batching (handle)": handle_rows,
             **{f"naive, one request at a time (HTTP, {t} thread(s))": rows for t, rows in naive_rows.items()},
         },
-        RESULTS / "retriever.png",
+        RESULTS / f"{name}.png",
         f"Retriever on {os.cpu_count()} CPU cores: MiniLM ({query_dtype} queries) + faiss Flat, "
         f"{num_passages:,} passages",
     )

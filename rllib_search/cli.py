@@ -37,11 +37,11 @@ def cmd_world(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from rllib_search.algos.scripted_rollout import run_scripted_rollouts
     from rllib_search.data.formats import iter_passages, read_corpus, read_qa_file
     from rllib_search.data.synthetic import ensure_world
     from rllib_search.env.search_env import SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
-    from rllib_search.scripted_rollout import run_scripted_rollouts
     from rllib_search.serve.bm25 import BM25Retriever
 
     world_dir = Path(args.world) if args.world else cache_dir() / "worlds" / f"seed{args.seed}"

@@ -15,8 +15,9 @@ from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
 from rllib_search.serve.index_build import build_index
+from rllib_search.serve.ports import free_port
 from rllib_search.serve.retriever import APP_NAME, build_retriever_app
-from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm, free_port
+from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 from rllib_search.data.records import QARecord
 from rllib_search.data.retrieval import Passage
 
@@ -21,13 +19,6 @@ RECORDS = [
     QARecord("2", "In which country is the city where Tarquin Oskaley was born?", ["Dravenia"], "synthetic"),
     QARecord("3", "Who founded Quellon Works?", ["Mirelle Dask"], "synthetic"),
 ]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_tiny_sliding_window_lm(out_dir, tokenizer_dir, sliding_window: int = 16):

@@ -21,9 +21,10 @@ from rllib_search.serve.judge_client import (
     build_judge,
     check_judge_family,
 )
-from tests.helpers import free_port
+from rllib_search.serve.ports import free_port
 
 pytestmark = pytest.mark.slow
+
 
 def test_completions_and_chat_speak_the_openai_schema(judge_url):
     completion = requests.post(

@@ -321,26 +321,3 @@ def test_bf16_autocast_update_is_finite_and_trains(ray_cluster, model_dir, world
     assert any(not torch.equal(before[k], v) for k, v in policy_weights(algo).items())
     assert all(v.dtype == torch.float32 for v in policy_weights(algo).values())  # master weights stay fp32
     algo.stop()
-
-
-def test_tune_sweeps_the_reward_lambdas(ray_cluster, model_dir, world, corpus, tmp_path):
-    """`tune.Tuner(SearchGRPO, param_space=config)` over the empirical study's λ_f, reported under
-    RLlib's metric names."""
-    from ray import tune
-
-    from rllib_search.algos.algorithms import SearchGRPO
-
-    config = make_config(SearchGRPOConfig, model_dir, world, corpus)
-    config.env_config["reward_config"] = {"lambda_format": tune.grid_search([0.0, 0.4])}
-    tuner = tune.Tuner(
-        SearchGRPO,
-        param_space=config,
-        run_config=tune.RunConfig(storage_path=str(tmp_path), stop={"training_iteration": 1}, verbose=0),
-    )
-    results = tuner.fit()
-    assert len(results) == 2 and not results.errors
-    frame = results.get_dataframe()
-    assert (frame["training_iteration"] == 1).all()
-    lambdas = sorted(r.config["env_config"]["reward_config"]["lambda_format"] for r in results)
-    assert lambdas == [0.0, 0.4]
-    assert "env_runners/episode_return_mean" in frame.columns

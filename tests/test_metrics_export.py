@@ -287,8 +287,8 @@ def child(out: str, workdir: str, metrics_port: int, deadline_s: float = 150.0) 
     from rllib_search.serve.client import RetrieverClient
     from rllib_search.serve.index_build import build_index
     from rllib_search.serve.judge_client import JudgeClient, JudgeUnavailable
+    from rllib_search.serve.ports import free_port
     from rllib_search.serve.retriever import APP_NAME, build_retriever_app
-    from tests.helpers import free_port
 
     started = time.perf_counter()
     torch.set_num_threads(1)
@@ -370,7 +370,7 @@ def value(samples: list[dict], name: str, **labels: str) -> float:
 
 @pytest.mark.slow
 def test_one_training_iteration_reaches_the_nodes_prometheus_endpoint(tmp_path):
-    from tests.helpers import free_port
+    from rllib_search.serve.ports import free_port
 
     out = tmp_path / "scraped.json"
     code = (

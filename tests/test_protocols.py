@@ -28,12 +28,17 @@ def test_builtin_protocols_by_name():
 
 def test_templates_match_the_papers():
     # Search-R1 Table 1: the question goes inside the instruction, sent as one user message.
-    messages = SEARCH_R1.prompt_messages("Who wrote it?")
-    assert messages == [{"role": "user", "content": SEARCH_R1.instruction.format(question="Who wrote it?")}]
-    assert messages[0]["content"].startswith("Answer the given question. You must conduct reasoning inside")
-    assert messages[0]["content"].endswith(
-        "For example, <answer> Beijing </answer>. Question: Who wrote it?\n"
+    # The paper's text written out here, not read back from the protocol.
+    table_1 = (
+        "Answer the given question. You must conduct reasoning inside <think> and </think> first every "
+        "time you get new information. After reasoning, if you find you lack some knowledge, you can call a "
+        "search engine by <search> query </search>, and it will return the top searched results between "
+        "<information> and </information>. You can search as many times as you want. If you find no "
+        "further external knowledge needed, you can directly provide the answer inside <answer> and "
+        "</answer> without detailed illustrations. For example, <answer> Beijing </answer>. Question: "
+        "Who wrote it?\n"
     )
+    assert SEARCH_R1.prompt_messages("Who wrote it?") == [{"role": "user", "content": table_1}]
     # R-Search Table 1 and R1-Searcher: a system template, then the question as the user message.
     for protocol in (R_SEARCH, R1_SEARCHER):
         system, user = protocol.prompt_messages("  Who wrote it? ")

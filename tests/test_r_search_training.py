@@ -16,7 +16,8 @@ from rllib_search.llm.family import SameFamilyJudgeError
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 from rllib_search.serve.judge import build_judge_app
 from rllib_search.serve.judge_client import JudgeClient
-from tests.helpers import RECORDS, free_port
+from rllib_search.serve.ports import free_port
+from tests.helpers import RECORDS
 
 pytestmark = pytest.mark.slow
 

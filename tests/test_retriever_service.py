@@ -14,8 +14,8 @@ import requests
 from rllib_search.env.search_env import MultiTurnSearchEnv
 from rllib_search.serve.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
 from rllib_search.serve.indexes import load_index
+from rllib_search.serve.ports import free_port
 from rllib_search.serve.retriever import APP_NAME, DEPLOYMENT_NAME, build_retriever_app
-from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
 

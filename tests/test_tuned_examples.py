@@ -120,7 +120,7 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
 
     import psutil
 
-    from tests.helpers import free_port
+    from rllib_search.serve.ports import free_port
 
     ray_cli = str(Path(sys.executable).parent / "ray")
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

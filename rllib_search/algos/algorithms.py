@@ -16,6 +16,7 @@ from ray.rllib.utils.metrics import LEARNER_RESULTS, LEARNER_UPDATE_TIMER, TIMER
 
 from rllib_search.algos.algorithm import SearchAlgorithm, train_batch
 from rllib_search.algos.rollout import Rollout
+from rllib_search.algos.shuffled_sampler import ShuffledSampler
 
 if TYPE_CHECKING:
     from rllib_search.algos.configs import (
@@ -62,19 +63,12 @@ class SearchSFT(SearchAlgorithm):
 
     def setup(self, config: Any) -> None:
         super().setup(config)
-        self._sft_rng = np.random.default_rng(self.config.seed or 0)
-        self._sft_order = self._sft_rng.permutation(len(self.config.demonstrations))
-        self._sft_position = 0
+        demos = len(self.config.demonstrations)
+        self._sft_sampler = ShuffledSampler(demos, np.random.default_rng(self.config.seed or 0))
 
     def next_demonstrations(self) -> list[Rollout]:
-        chosen = []
-        for _ in range(int(self.config.sft_batch_size)):
-            if self._sft_position >= len(self._sft_order):
-                self._sft_order = self._sft_rng.permutation(len(self.config.demonstrations))
-                self._sft_position = 0
-            chosen.append(self.config.demonstrations[int(self._sft_order[self._sft_position])])
-            self._sft_position += 1
-        return chosen
+        chosen = self._sft_sampler.take(int(self.config.sft_batch_size))
+        return [self.config.demonstrations[i] for i in chosen]
 
     def training_step(self) -> None:
         demonstrations = self.next_demonstrations()
@@ -90,17 +84,10 @@ class SearchSFT(SearchAlgorithm):
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         state = super().get_state(*args, **kwargs)
-        state["sft_position"] = {
-            "order": self._sft_order.tolist(),
-            "position": self._sft_position,
-            "rng": self._sft_rng.bit_generator.state,
-        }
+        state["sft_position"] = self._sft_sampler.get_state()
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         if "sft_position" in state:
-            position = state["sft_position"]
-            self._sft_order = np.asarray(position["order"])
-            self._sft_position = int(position["position"])
-            self._sft_rng.bit_generator.state = position["rng"]
+            self._sft_sampler.set_state(state["sft_position"])

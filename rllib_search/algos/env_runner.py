@@ -4,6 +4,8 @@
 ``sample()`` draws ``prompts_per_sample`` questions from this runner's shard of the dataset, opens
 ``group_size`` episodes per question, then advances every active episode one turn at a time:
 
+(the loop of ``algos/rollout_loop.py`` with an :class:`~rllib_search.algos.policies.EnginePolicy`)
+
 1. ONE ``engine.generate`` call for all active episodes (their token ids as prefixes; the protocol's stop
    strings; each row capped at ``min(max_turn_tokens, env.remaining_tokens)``);
 2. each env parses its segment; ONE retriever call carries every query of the turn (``step_batch``);
@@ -30,15 +32,12 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
+from rllib_search.algos.policies import EnginePolicy
 from rllib_search.algos.rollout import Rollout
+from rllib_search.algos.rollout_loop import roll_out
+from rllib_search.algos.shuffled_sampler import ShuffledSampler
 from rllib_search.data.records import QARecord
-from rllib_search.env.search_env import (
-    JudgeReport,
-    MultiTurnSearchEnv,
-    SearchEnvConfig,
-    score_episodes,
-    step_batch,
-)
+from rllib_search.env.search_env import JudgeReport, MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.llm.engines import Engine, SamplingParams
 from rllib_search.serve.client import build_retriever
 from rllib_search.serve.judge_client import build_judge, check_judge_family
@@ -75,10 +74,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )
         self.weights_version = 0
         seed = self.config.seed if self.config.seed is not None else 0
-        self._rng = np.random.default_rng([seed, self.worker_index])
-        self._order = self._rng.permutation(len(self.records))
-        self._position = 0
-        self._epoch = 0
+        self._sampler = ShuffledSampler(len(self.records), np.random.default_rng([seed, self.worker_index]))
         self._draws = 0
         self._sample_calls = 0
         self.reward_stage = 0
@@ -194,35 +190,16 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         while len(self.envs) < len(episodes):
             self.envs.append(self.new_env())
         envs = self.envs[: len(episodes)]
-        groups = [group_id for _, group_id in episodes]
-        for env, (record, _) in zip(envs, episodes):
-            env.reset(options={"record": record})
-        finished: dict[int, tuple[bool, bool]] = {}
-        active = list(range(len(envs)))
-        generated = generate_seconds = 0.0
-        turn = 0
-        while active:
-            prefixes = [envs[i].trajectory.token_ids for i in active]
-            limits = [min(sampling.max_new_tokens, envs[i].remaining_tokens) for i in active]
-            params = sampling
-            if seeded and self.config.seed is not None:
-                params = replace(params, seed=self._turn_seed(turn))
-            t0 = time.perf_counter()
-            segments = self.engine.generate(prefixes, params, limits)
-            generate_seconds += time.perf_counter() - t0
-            generated += sum(len(s.token_ids) for s in segments)
-            actions = [{"token_ids": s.token_ids, "logprobs": s.logprobs} for s in segments]
-            results = step_batch([envs[i] for i in active], actions, self.retriever, score=False)
-            for i, result in zip(active, results):
-                if result.terminated or result.truncated:
-                    finished[i] = (result.terminated, result.truncated)
-            active = [i for i in active if i not in finished]
-            turn += 1
-        judged = score_episodes(envs)
+        turn_seed = self._turn_seed if seeded and self.config.seed is not None else None
+        policy = EnginePolicy(self.engine, sampling, turn_seed)
+        ends = roll_out(envs, [record for record, _ in episodes], policy, self.retriever)
         rollouts = [
-            Rollout.from_env(envs[i], groups[i], self.weights_version, *finished[i]) for i in range(len(envs))
+            Rollout.from_env(env, group_id, self.weights_version, terminated, truncated)
+            for env, (_, group_id), terminated, truncated in zip(
+                envs, episodes, ends.terminated, ends.truncated
+            )
         ]
-        return rollouts, generated, generate_seconds, judged
+        return rollouts, policy.generated_tokens, policy.generate_seconds, ends.judged
 
     def _enter_reward_stage(self, index: int) -> None:
         """Score episodes with stage ``index`` of the config's reward schedule (and draw its questions when
@@ -237,8 +214,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.delete("reward", key_error=False)  # the old stage's reward components
         if stage.dataset is not None:
             self.records = self._shard(self._load_dataset(stage.dataset))
-            self._order = self._rng.permutation(len(self.records))
-            self._position = 0
+            self._sampler.restart(len(self.records))
         self.reward_stage = index
 
     def _turn_seed(self, turn: int) -> int:
@@ -248,15 +224,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _next_records(self, count: int) -> list[QARecord]:
         """The next ``count`` questions of this runner's shard, reshuffled every epoch."""
-        chosen = []
-        for _ in range(count):
-            if self._position >= len(self._order):
-                self._epoch += 1
-                self._order = self._rng.permutation(len(self.records))
-                self._position = 0
-            chosen.append(self.records[int(self._order[self._position])])
-            self._position += 1
-        return chosen
+        return [self.records[i] for i in self._sampler.take(count)]
 
     def _log_metrics(
         self, rollouts: Sequence[Rollout], generated: float, gen_s: float, wall_s: float, judged: JudgeReport
@@ -317,13 +285,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._enter_reward_stage(int(state["reward_stage"]))  # before the data position: its questions
         if "data_position" in state:
             position = state["data_position"]
-            self._order = np.asarray(position["order"])
-            self._position, self._epoch, self._draws = (
-                position["position"],
-                position["epoch"],
-                position["draws"],
-            )
-            self._rng.bit_generator.state = position["rng"]
+            self._sampler.set_state(position)
+            self._draws = position["draws"]
             self._sample_calls = int(position.get("sample_calls", self._sample_calls))
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -332,12 +295,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "weights_version": self.weights_version,
             "reward_stage": self.reward_stage,
             "data_position": {
-                "order": self._order.tolist(),
-                "position": self._position,
-                "epoch": self._epoch,
+                **self._sampler.get_state(),
                 "draws": self._draws,
                 "sample_calls": self._sample_calls,
-                "rng": self._rng.bit_generator.state,
             },
         }
 

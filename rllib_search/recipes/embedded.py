@@ -19,6 +19,7 @@ from typing import Any
 
 from rllib_search.data.records import QARecord
 from rllib_search.recipes.scales import CPU_JUDGE
+from rllib_search.serve.ports import free_port
 
 RETRIEVER_APP = "retriever"
 JUDGE_APP = "judge"
@@ -72,7 +73,7 @@ def start_serve() -> None:
 
     if running_apps():
         return
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
 
 
 def serve_retriever(index_dir: str | Path, *, num_cpus: float = 0.0) -> tuple[dict[str, Any], bool]:
@@ -168,11 +169,3 @@ def warm_start(
         return algo.export(out_dir)
     finally:
         algo.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -72,7 +72,6 @@ class Engine(abc.ABC):
 
     weights_version: int = 0
 
-    @abc.abstractmethod
     def generate(
         self,
         prefixes: Sequence[Sequence[int]],
@@ -81,7 +80,28 @@ class Engine(abc.ABC):
     ) -> list[Segment]:
         """Continue every prefix by one segment. ``max_new_tokens`` gives a token limit per row (the
         remaining whole-trajectory budget) that replaces ``params.max_new_tokens`` for that row; a row
-        with a limit of 0 gets an empty segment with finish reason ``"length"``."""
+        with a limit of 0 gets an empty segment with finish reason ``"length"``.
+
+        The opening every engine shares: each row's limit (:func:`row_limits`), empty segments for rows
+        without room; the rows with room go to :meth:`_generate_rows`."""
+        limits = row_limits(prefixes, params, max_new_tokens)
+        segments = [Segment([], [], "length") for _ in prefixes]
+        rows = [i for i, limit in enumerate(limits) if limit > 0]
+        if rows:
+            for i, segment in zip(rows, self._generate_rows(prefixes, limits, rows, params), strict=True):
+                segments[i] = segment
+        return segments
+
+    @abc.abstractmethod
+    def _generate_rows(
+        self,
+        prefixes: Sequence[Sequence[int]],
+        limits: Sequence[int],
+        rows: Sequence[int],
+        params: SamplingParams,
+    ) -> list[Segment]:
+        """One segment for each index of ``rows`` (ascending, never empty; each with ``limits[i] > 0``), in
+        the order of ``rows``. ``prefixes`` and ``limits`` are the whole call's, indexed by row."""
 
     @abc.abstractmethod
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -100,8 +120,9 @@ class Engine(abc.ABC):
 def row_limits(
     prefixes: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: Sequence[int] | None
 ) -> list[int]:
-    """Each row's token limit: ``max_new_tokens`` when given, else ``params.max_new_tokens``. Every engine
-    calls this first; it also rejects an empty prefix (there is nothing to continue)."""
+    """Each row's token limit: ``max_new_tokens`` when given, else ``params.max_new_tokens``.
+    :meth:`Engine.generate` calls this first for every engine; it also rejects an empty prefix (there is
+    nothing to continue)."""
     if any(len(prefix) == 0 for prefix in prefixes):
         raise ValueError("every prefix needs at least one token")
     n = len(prefixes)

@@ -15,7 +15,8 @@ The raw rows then go through :func:`finish_segment`, the rule every engine share
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +34,6 @@ from rllib_search.llm.engines.base import (
     Segment,
     decode,
     finish_segment,
-    row_limits,
 )
 
 
@@ -61,33 +61,42 @@ class HFEngine(Engine):
         self.pad_token_id = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
         self.weights_version = 0
 
-    def generate(
+    def _generate_rows(
         self,
         prefixes: Sequence[Sequence[int]],
+        limits: Sequence[int],
+        rows: Sequence[int],
         params: SamplingParams,
-        max_new_tokens: Sequence[int] | None = None,
     ) -> list[Segment]:
-        """Continue each prefix by one segment (see :class:`Engine`); reproducible with ``params.seed``."""
-        limits = row_limits(prefixes, params, max_new_tokens)
-        segments = [Segment([], [], "length") for _ in prefixes]
-        rows = sorted((i for i, limit in enumerate(limits) if limit > 0), key=lambda i: len(prefixes[i]))
-        size = self.max_batch_size or max(len(rows), 1)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for start in range(0, len(rows), size):
-                batch = rows[start : start + size]
+        """Rows sorted by prefix length into batches of ``max_batch_size``; reproducible with
+        ``params.seed`` (one generator for the whole call)."""
+        by_length = sorted(rows, key=lambda i: len(prefixes[i]))
+        size = self.max_batch_size or len(by_length)
+        generator = self.generator(params.seed)
+        made: dict[int, Segment] = {}
+        with self.inference():
+            for start in range(0, len(by_length), size):
+                batch = by_length[start : start + size]
                 outputs = self._generate_batch(
                     [prefixes[i] for i in batch], [limits[i] for i in batch], params, generator
                 )
-                for i, segment in zip(batch, outputs):
-                    segments[i] = segment
+                made.update(zip(batch, outputs))
+        return [made[i] for i in rows]
+
+    def generator(self, seed: int | None) -> torch.Generator | None:
+        """The call's random generator on the model's device, seeded with ``seed`` (None: torch's global)."""
+        return None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        """Eval mode and no autograd for a call; the model's training mode is restored afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                yield
         finally:
             self.model.train(was_training)
-        return segments
 
     def _generate_batch(
         self,
@@ -111,16 +120,13 @@ class HFEngine(Engine):
             pad_token_id=self.pad_token_id,
             use_cache=True,
         )
-        with torch.inference_mode():
-            output = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]),
-                stopping_criteria=StoppingCriteriaList(
-                    [_RowStops(limits, width, self.tokenizer, params.stop)]
-                ),
-            )
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            generation_config=config,
+            logits_processor=LogitsProcessorList([sampler]),
+            stopping_criteria=StoppingCriteriaList([_RowStops(limits, width, self.tokenizer, params.stop)]),
+        )
         new_tokens = output[:, width:].tolist()
         logprobs = torch.stack(sampler.logprobs, dim=1).tolist()
         segments = []

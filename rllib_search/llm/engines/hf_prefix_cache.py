@@ -52,7 +52,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from rllib_search.llm.engines.base import SamplingParams, Segment, decode, finish_segment, row_limits
+from rllib_search.llm.engines.base import SamplingParams, Segment, decode, finish_segment
 from rllib_search.llm.engines.hf import HFEngine, _Sampler
 
 
@@ -213,44 +213,28 @@ class PrefixCachingHFEngine(HFEngine):
         super().load_weights(state_dict)
         self.reset_cache()
 
-    def generate(
+    def _generate_rows(
         self,
         prefixes: Sequence[Sequence[int]],
+        limits: Sequence[int],
+        rows: Sequence[int],
         params: SamplingParams,
-        max_new_tokens: Sequence[int] | None = None,
     ) -> list[Segment]:
-        """Continue each prefix by one segment, feeding only the tokens no kept cache covers."""
-        limits = row_limits(prefixes, params, max_new_tokens)
-        rows = [
-            _Row(i, list(p), limit, [], []) for i, (p, limit) in enumerate(zip(prefixes, limits)) if limit > 0
-        ]
-        widest = max((len(row.prefix) for row in rows), default=0) + max(
-            (row.limit for row in rows), default=0
-        )
+        """Continue each row by one segment, feeding only the tokens no kept cache covers."""
+        call = [_Row(i, list(prefixes[i]), limits[i], [], []) for i in rows]
+        widest = max(len(row.prefix) for row in call) + max(row.limit for row in call)
         if self.window is not None and widest > self.window:
             self.reset_cache()  # the plain engine keeps none; ours would not match the next call anyway
-            return super().generate(prefixes, params, max_new_tokens)
-        generator = (
-            torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
-        )
+            return super()._generate_rows(prefixes, limits, rows, params)
         new_caches: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                if rows:
-                    self._decode(
-                        rows, params, _Sampler(params.temperature, params.top_p, generator), new_caches
-                    )
-        finally:
-            self.model.train(was_training)
+        with self.inference():
+            sampler = _Sampler(params.temperature, params.top_p, self.generator(params.seed))
+            self._decode(call, params, sampler, new_caches)
         self._caches.replace(new_caches)
-        segments = [Segment([], [], "length") for _ in prefixes]
-        for row in rows:
-            segments[row.index] = finish_segment(
-                row.generated, row.logprobs, self.tokenizer, params.stop, row.ended_with_eos
-            )
-        return segments
+        return [
+            finish_segment(row.generated, row.logprobs, self.tokenizer, params.stop, row.ended_with_eos)
+            for row in call
+        ]
 
     # --- prefill: the tokens no kept cache covers -------------------------------------------------------
     def _prefill(self, rows: list[_Row]) -> tuple[list[list], torch.Tensor]:

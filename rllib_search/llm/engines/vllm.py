@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rllib_search.llm.engines.base import Engine, SamplingParams, Segment, finish_segment, row_limits
+from rllib_search.llm.engines.base import Engine, SamplingParams, Segment, finish_segment
 
 
 class VLLMEngine(Engine):
@@ -60,20 +60,16 @@ class VLLMEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # decodes for stop strings, as HFEngine does
         self.weights_version = 0
 
-    def generate(
+    def _generate_rows(
         self,
         prefixes: Sequence[Sequence[int]],
+        limits: Sequence[int],
+        rows: Sequence[int],
         params: SamplingParams,
-        max_new_tokens: Sequence[int] | None = None,
     ) -> list[Segment]:
-        """Continue each prefix by one segment (see :class:`Engine`)."""
+        """One ``LLM.generate`` for the rows, each with its own ``vllm.SamplingParams``."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        limits = row_limits(prefixes, params, max_new_tokens)
-        segments = [Segment([], [], "length") for _ in prefixes]
-        rows = [i for i, limit in enumerate(limits) if limit > 0]
-        if not rows:
-            return segments
         sampling = [
             VLLMSamplingParams(
                 temperature=params.temperature,
@@ -90,12 +86,13 @@ class VLLMEngine(Engine):
         ]
         prompts = [{"prompt_token_ids": list(prefixes[i])} for i in rows]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        for i, output in zip(rows, outputs):
+        segments = []
+        for output in outputs:
             completion = output.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids)]
             ended_with_eos = completion.finish_reason == "stop" and completion.stop_reason is None
-            segments[i] = finish_segment(ids, logprobs, self.tokenizer, params.stop, ended_with_eos)
+            segments.append(finish_segment(ids, logprobs, self.tokenizer, params.stop, ended_with_eos))
         return segments
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

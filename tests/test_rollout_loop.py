@@ -1,0 +1,104 @@
+"""The shared rollout loop, its scripted policies and the shuffled-position sampler."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rllib_search.algos.demonstrations import teacher_rollouts
+from rllib_search.algos.policies import ScriptedPolicy
+from rllib_search.algos.rollout_loop import roll_out
+from rllib_search.algos.scripted_rollout import run_scripted_rollouts
+from rllib_search.algos.shuffled_sampler import ShuffledSampler
+from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
+from rllib_search.env.teacher import TeacherPolicy, hops_of
+from rllib_search.serve.bm25 import BM25Retriever
+
+
+# --- ShuffledSampler ----------------------------------------------------------------------------------------
+def test_every_epoch_is_a_fresh_permutation_of_all_indices():
+    sampler = ShuffledSampler(7, np.random.default_rng(0))
+    drawn = sampler.take(21)
+    epochs = [drawn[0:7], drawn[7:14], drawn[14:21]]
+    assert all(sorted(epoch) == list(range(7)) for epoch in epochs)
+    assert epochs[0] != epochs[1] or epochs[1] != epochs[2]  # reshuffled, not replayed
+    assert sampler.epoch == 2 and sampler.position == 7
+
+
+def test_a_restored_sampler_draws_what_the_original_would_have():
+    original = ShuffledSampler(5, np.random.default_rng(1))
+    original.take(3)
+    state = original.get_state()
+    restored = ShuffledSampler(5, np.random.default_rng(99))  # another seed: the state must win
+    restored.set_state(state)
+    assert restored.take(12) == original.take(12)
+    assert restored.epoch == original.epoch
+
+
+def test_restart_draws_from_the_new_size():
+    sampler = ShuffledSampler(3, np.random.default_rng(0))
+    sampler.take(2)
+    sampler.restart(10)
+    assert sorted(sampler.take(10)) == list(range(10))
+
+
+# --- the loop with scripted policies ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def world_retriever(world):
+    return BM25Retriever(world.passages)
+
+
+@pytest.mark.parametrize("protocol", ["search_r1", "r1_searcher", "r_search"])
+def test_teacher_demonstrations_carry_the_teachers_ids_once_tokenised(
+    smollm2_tokenizer, world, world_retriever, protocol
+):
+    config = SearchEnvConfig(protocol=protocol, max_turns=4)
+    records = world.train[:10]
+    demos = teacher_rollouts(smollm2_tokenizer, world_retriever, records, config, batch_size=4)
+    assert [d.group_id for d in demos] == [f"demo:{r.uid}" for r in records]
+    teacher = TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol)
+    for demo, record in zip(demos, records):
+        hops = len(hops_of(record))
+        assert demo.terminated and not demo.truncated and demo.stats["searches"] == hops
+        assert len(demo.turn_spans) == hops + 1  # a search per hop, then the answer
+        ids = demo.token_ids.tolist()
+        # Each search turn is the teacher's text tokenised once: those ids, unchanged, are the turn.
+        for turn, (start, end) in enumerate(demo.turn_spans[:-1]):
+            text = teacher.segment(record, turn, [])
+            assert ids[start:end] == smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert demo.loss_mask.sum() == sum(end - start for start, end in demo.turn_spans)
+        assert np.isnan(demo.logprobs).all()  # no sampler scored the teacher's tokens
+    assert np.mean([d.answer == r.golden_answers[0] for d, r in zip(demos, records)]) == 1.0
+
+
+def test_episodes_finish_turn_by_turn_and_are_all_scored(smollm2_tokenizer, world, world_retriever):
+    config = SearchEnvConfig(protocol="search_r1", max_turns=4)
+    records = world.train[:8]
+    envs = [MultiTurnSearchEnv(smollm2_tokenizer, world_retriever, None, config) for _ in records]
+    teacher = ScriptedPolicy("teacher", envs[0].protocol, smollm2_tokenizer)
+    ends = roll_out(envs, records, teacher, world_retriever)
+    turns = [envs[i].turns for i in ends.order]
+    assert sorted(ends.order) == list(range(len(records)))
+    assert turns == sorted(turns) and len(set(turns)) > 1  # the world mixes 1- and 2-hop questions
+    assert all(env.reward_breakdown is not None for env in envs) and ends.judged.calls == 0
+    assert ends.terminated == [True] * len(records) and ends.truncated == [False] * len(records)
+    with pytest.raises(ValueError, match="envs for"):
+        roll_out(envs, records[:2], teacher, world_retriever)
+
+
+def test_scripted_policies_rank_as_expected_and_are_seeded(smollm2_tokenizer, world, world_retriever):
+    config = SearchEnvConfig(protocol="search_r1", max_turns=4)
+
+    def run(policy, seed=0):
+        return run_scripted_rollouts(
+            smollm2_tokenizer, world_retriever, world.test, config, policy, 12, batch_size=5, seed=seed
+        )
+
+    teacher, noisy, no_search = run("teacher"), run("noisy_teacher"), run("no_search")
+    assert teacher.exact_match == 1.0 and teacher.invalid_actions == 0 and teacher.format_valid == 1.0
+    assert noisy.invalid_actions > 0 and noisy.reward < teacher.reward
+    assert no_search.searches == 0 and no_search.exact_match < teacher.exact_match
+    again = run("noisy_teacher")
+    assert {**again.row(), "seconds": 0} == {**noisy.row(), "seconds": 0}
+    with pytest.raises(ValueError, match="unknown policy"):
+        ScriptedPolicy("oracle", MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, None)
