@@ -19,7 +19,8 @@ gives its weights.
 Trained tokens per second = generated (loss-masked) tokens / wall time of one update; runs alternate so all
 see the same machine load. Also reported: the learner with the k3 KL to a frozen reference on (its extra
 reference forward pass), and peak RSS. Prints a final JSON line and writes
-``benchmarks/results/learner.json``; ``--quick`` runs in under 3 minutes.
+``benchmarks/results/learner.json`` (``learner_quick.json`` with ``--quick``, which runs in under 3
+minutes).
 
     python benchmarks/learner_bench.py [--quick] [--model smollm2-135m-instruct]
 """
@@ -204,7 +205,8 @@ def main() -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learner.json").write_text(json.dumps(summary, indent=2))
+    name = "learner_quick.json" if args.quick else "learner.json"  # a quick run never overwrites the full one
+    (RESULTS / name).write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
 
 
