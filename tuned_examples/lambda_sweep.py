@@ -25,6 +25,7 @@ from typing import Any
 
 from rllib_search.recipes import search_r1_grpo
 from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.sweeps import fit_or_restore, markdown_table, metric_curve, plot_mean_curves
 
 STUDY_LAMBDA_FORMAT = (0.2, 0.4, 0.6, 0.8)
 STUDY_LAMBDA_RETRIEVAL = (0.0, 0.1, 0.3, 0.5)
@@ -88,30 +89,17 @@ def run_sweep(job: RecipeJob, recipe: Any, lambdas_f: Any, lambdas_r: Any, seeds
         "lambda_retrieval": tune.grid_search(list(lambdas_r)),
     }
     recipe = recipe.debugging(seed=tune.grid_search(list(seeds)))
-    storage = job.out.resolve()
-    experiment = storage / "tune"
-    if experiment.exists() and not args.fresh and tune.Tuner.can_restore(str(experiment)):
-        job.say(f"resuming the sweep in {experiment}")
-        tuner = tune.Tuner.restore(str(experiment), trainable=SearchGRPO, resume_errored=True)
-    else:
-        tuner = tune.Tuner(
-            SearchGRPO,
-            param_space=recipe,
-            # Trials run side by side as the cluster's resources allow (one CPU each on a CPU-only Ray, where
-            # Ray gives each trial one torch thread).
-            tune_config=tune.TuneConfig(max_concurrent_trials=args.max_concurrent),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str(storage),
-                stop={"training_iteration": job.iterations},
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
-                verbose=1,
-            ),
-        )
-    results = tuner.fit()
-    if results.errors:
-        raise RuntimeError(f"{len(results.errors)} trials failed: {results.errors[0]}")
-    return results
+    return fit_or_restore(
+        SearchGRPO,
+        recipe,
+        storage=job.out,
+        name="tune",
+        iterations=job.iterations,
+        fresh=args.fresh,
+        max_concurrent=args.max_concurrent,
+        say=job.say,
+        what="sweep",
+    )
 
 
 def trial_rows(results: Any) -> list[dict[str, Any]]:
@@ -152,15 +140,6 @@ def mean_over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return means
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for row in rows:
-        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def write_tables(rows: list[dict[str, Any]], out: Path) -> None:
     with (out / "results.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -173,30 +152,13 @@ def write_tables(rows: list[dict[str, Any]], out: Path) -> None:
 
 def plot_curves(results: Any, path: Path) -> None:
     """Training reward per iteration, one line per (λ_f, λ_r), the mean over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    curves: dict[tuple[float, float], list[np.ndarray]] = {}
+    curves: dict[tuple[float, float], list[Any]] = {}
     for result in results:
         lambdas = result.config["env_config"]["reward_config"]
-        frame = result.metrics_dataframe
-        rewards = frame["env_runners/episode_return_mean"].to_numpy(dtype=float)
+        rewards = metric_curve(result, ["env_runners/episode_return_mean"])
         curves.setdefault((lambdas["lambda_format"], lambdas["lambda_retrieval"]), []).append(rewards)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for (lf, lr), runs in sorted(curves.items()):
-        length = min(len(run) for run in runs)
-        mean = np.mean([run[:length] for run in runs], axis=0)
-        ax.plot(range(1, length + 1), mean, marker="o", label=f"λ_f={lf}, λ_r={lr} ({len(runs)} seeds)")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("training reward")
-    ax.set_title("λ sweep: Search-R1 GRPO")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    labelled = {f"λ_f={lf}, λ_r={lr}": runs for (lf, lr), runs in sorted(curves.items())}
+    plot_mean_curves(labelled, path, title="λ sweep: Search-R1 GRPO")
 
 
 if __name__ == "__main__":

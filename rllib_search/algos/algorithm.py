@@ -16,7 +16,8 @@ One training step:
 6. **reward schedule** (when the config has one, R1-Searcher's two stages): the iteration's results decide
    whether the next iteration samples with the next stage's reward; the stage is checkpointed;
 7. **held-out evaluation** every ``held_out_interval`` iterations when ``config.held_out(dataset=...)`` is
-   set: greedy episodes on the held-out questions, results under ``evaluation/``.
+   set: greedy episodes on the held-out questions, results under ``evaluation/`` (and, with
+   ``held_out(answers=True)``, each question's answer under ``evaluation_answers``, a JSON string).
 
 ``evaluate_questions`` rolls a fixed question list out greedily for held-out tables, and ``export`` writes
 a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and vLLM load.
@@ -89,6 +90,25 @@ def held_out_metrics(rollouts: list[Rollout]) -> dict[str, Any]:
     }
 
 
+def held_out_answers(records: list[Any], rollouts: list[Rollout]) -> str:
+    """Each held-out question's answer beside its gold answers and hop count, as a JSON list (a string: Tune's
+    loggers keep it as it is)."""
+    import json
+
+    return json.dumps(
+        [
+            {
+                "uid": record.uid,
+                "hops": record.extra.get("num_hops"),
+                "data_source": rollout.data_source,
+                "answer": rollout.answer,
+                "golden_answers": list(rollout.golden_answers),
+            }
+            for record, rollout in zip(records, rollouts)
+        ]
+    )
+
+
 def train_batch(rollouts: list[Rollout], config: Any, pad_token_id: int) -> MultiAgentBatch:
     """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode)."""
     columns = {k: v.numpy() for k, v in pad_rollouts(rollouts, pad_token_id).items()}
@@ -151,7 +171,18 @@ class SearchAlgorithm(Algorithm):
 
             self._held_out_records = LLMEnvRunner._load_dataset(self.config.held_out_dataset)
         rollouts = self.evaluate_questions(self._held_out_records)
+        if getattr(self.config, "held_out_answers", False):
+            self._held_out_answers = held_out_answers(self._held_out_records, rollouts)
         return held_out_metrics(rollouts)
+
+    def step(self) -> dict[str, Any]:
+        """RLlib's step, plus the held-out answers of this iteration's evaluation when asked for."""
+        result = super().step()
+        answers = getattr(self, "_held_out_answers", None)
+        if answers is not None:
+            result["evaluation_answers"] = answers
+            self._held_out_answers = None
+        return result
 
     def _advance_reward_schedule(self) -> None:
         """Tell the reward schedule what this iteration measured; the next sample uses its stage."""

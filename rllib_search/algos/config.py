@@ -71,6 +71,7 @@ class SearchConfig(AlgorithmConfig):
         # Held-out questions rolled out greedily every `held_out_interval` iterations (None: no evaluation).
         self.held_out_dataset: Any = None
         self.held_out_interval = 1
+        self.held_out_answers = False
         # Ray metrics of every train() result (algos/dashboard_metrics.py), tagged with this run name.
         self.dashboard_metrics_enabled = True
         self.dashboard_run_name: str | None = None
@@ -94,14 +95,25 @@ class SearchConfig(AlgorithmConfig):
                 setattr(self, name, value)
         return self
 
-    def held_out(self, *, dataset: Any = NotProvided, interval: int | Any = NotProvided) -> SearchConfig:
+    def held_out(
+        self,
+        *,
+        dataset: Any = NotProvided,
+        interval: int | Any = NotProvided,
+        answers: bool | Any = NotProvided,
+    ) -> SearchConfig:
         """Evaluate on held-out questions (a QA file or a list of ``QARecord``) every ``interval`` training
         iterations: one greedy episode each on the local EnvRunner; results under ``evaluation/`` (EM, F1,
-        cover-EM, format-valid rate, searches and turns per episode, and EM per data source)."""
+        cover-EM, format-valid rate, searches and turns per episode, and EM per data source). With
+        ``answers``, the result also carries every question's answer under ``evaluation_answers`` (a JSON
+        list of ``{"uid", "hops", "data_source", "answer", "golden_answers"}``), so that a study scores
+        trials question by question (``algos/evaluation.py``: bootstrap intervals, paired gains)."""
         if dataset is not NotProvided:
             self.held_out_dataset = dataset
         if interval is not NotProvided:
             self.held_out_interval = interval
+        if answers is not NotProvided:
+            self.held_out_answers = bool(answers)
         return self
 
     def reward_schedule(self, *, stages: list[Any] | Any | None = NotProvided) -> SearchConfig:

@@ -182,19 +182,38 @@ class RecipeJob:
             return config
         return config.rollouts(prompts_per_sample=1, max_turn_tokens=32)
 
-    def warm_started(self, model: str, env_config: dict[str, Any]) -> str:
-        """On ``--embedded``, the policy after a masked-SFT warm start on teacher trajectories (1-hop and
-        2-hop training questions); otherwise ``model`` itself."""
-        if not self.args.embedded or self.world is None:
+    def warm_started(
+        self,
+        model: str,
+        env_config: dict[str, Any],
+        *,
+        steps: int = 8,
+        directory: str = "warm_start_model",
+        always: bool = False,
+        reuse: bool = False,
+    ) -> str:
+        """On ``--embedded`` (or on the embedded default at any size with ``always``), the policy after
+        ``steps`` masked-SFT steps of a warm start on teacher trajectories (1-hop and 2-hop training
+        questions; a handful under ``--smoke``), exported to ``--out``/``directory``; otherwise ``model``
+        itself. With ``reuse``, an export already there is used as it is (a resumed study)."""
+        if self.world is None or not (self.args.embedded or always):
             return model
-        records = self.world.records("train", hops=1)[:120] + self.world.records("train", hops=2)[:40]
+        path = self.out / directory
+        if reuse and (path / "config.json").exists():
+            self.say(f"warm start: reusing {path}")
+            return str(path)
+        one_hop, two_hop = (6, 2) if self.args.smoke else (120, 40)
+        records = (
+            self.world.records("train", hops=1)[:one_hop] + self.world.records("train", hops=2)[:two_hop]
+        )
         settings = {k: v for k, v in env_config.items() if k not in ("dataset", "retriever", "judge")}
         path = embedded.warm_start(
             model,
             records,
             env_config["retriever"],
             settings,
-            self.out / "warm_start_model",
+            path,
+            steps=steps,
             seed=self.args.seed,
             say=self.say,
         )

@@ -1,0 +1,554 @@
+"""The papers' findings in miniature: each finding is a set of arms trained from one shared warm start and
+compared on held-out questions, question by question (``tuned_examples/findings.py`` runs them with Tune).
+
+- Search-R1 (arXiv 2503.09516) Table 4: retrieved-token masking on vs off;
+- the empirical study (arXiv 2505.15117): λ_f 0 vs 0.2 from a weaker warm start, λ_r 0 vs 0.1;
+- the study's retrievers: dense (the bundled all-MiniLM-L6-v2, Flat) vs BM25 vs random passages;
+- GRPO vs PPO (Search-R1 section 5.1) vs REINFORCE++ (R1-Searcher's algorithm);
+- R-Search: the evidence reward (the served Gemma-3-270M judge) on vs off.
+
+An arm is a transform of its finding's base recipe (``search_r1_grpo`` or ``r_search_grpo`` at CPU scale):
+every arm of a finding gets the same warm start, iterations, batch (episodes per iteration), learning rate
+and seeds. Each trial's held-out evaluation (greedy, at its last iteration) carries every question's
+answer (``held_out(answers=True)``), so an arm's EM pools its seeds' questions and a comparison is the
+paired per-question difference (``algos/evaluation.py``: ``score_predictions``, ``paired_gain``), with a
+95% bootstrap interval over (seed, question) pairs, per hop count and pooled.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Training-reward columns whose per-iteration curve is plotted: the answer term where the reward has one.
+CURVE_COLUMNS = ("env_runners/reward/em", "env_runners/reward/answer_f1", "env_runners/episode_return_mean")
+ALGORITHMS = ("grpo", "ppo", "reinforce_pp")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a finding: ``transform(config, context)`` of the finding's base recipe, trained
+    with ``algorithm``. A compared arm names the arm it is compared ``versus`` (the difference is this arm
+    minus that one) and the sign the paper reports for it (``expected``: +1, -1, 0 for "no difference",
+    None for no claim), in words in ``direction``."""
+
+    name: str
+    transform: Callable[[Any, dict[str, Any]], Any]
+    algorithm: str = "grpo"
+    versus: str | None = None
+    expected: int | None = None
+    direction: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A paper's finding: its arms over ``base`` (``search_r1`` or ``r_search``), from the ``standard`` or a
+    ``weak`` warm start; ``reason`` is what we believe explains a non-reproduction at this scale."""
+
+    key: str
+    title: str
+    source: str
+    base: str
+    arms: tuple[Arm, ...]
+    warm_start: str = "standard"
+    reason: str = ""
+    needs: tuple[str, ...] = field(default_factory=tuple)
+
+    def arm(self, name: str) -> Arm:
+        return next(arm for arm in self.arms if arm.name == name)
+
+
+def _training(**settings: Any) -> Callable[[Any, dict[str, Any]], Any]:
+    return lambda config, context: config.training(**settings)
+
+
+def _reward(**terms: Any) -> Callable[[Any, dict[str, Any]], Any]:
+    def transform(config: Any, context: dict[str, Any]) -> Any:
+        config.env_config["reward_config"] = {**config.env_config.get("reward_config", {}), **terms}
+        return config
+
+    return transform
+
+
+def _retriever(name: str) -> Callable[[Any, dict[str, Any]], Any]:
+    def transform(config: Any, context: dict[str, Any]) -> Any:
+        config.env_config["retriever"] = context["retrievers"][name]
+        return config
+
+    return transform
+
+
+def _judge(on: bool) -> Callable[[Any, dict[str, Any]], Any]:
+    def transform(config: Any, context: dict[str, Any]) -> Any:
+        config.env_config["judge"] = context["judge"] if on else None  # no judge: the evidence term is 0
+        return config
+
+    return transform
+
+
+def _same(config: Any, context: dict[str, Any]) -> Any:
+    return config
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding(
+        key="masking",
+        title="Retrieved-token masking",
+        source="Search-R1 Table 4",
+        base="search_r1",
+        arms=(
+            Arm("masking off", _training(mask_retrieved_tokens=False)),
+            Arm(
+                "masking on",
+                _training(mask_retrieved_tokens=True),
+                versus="masking off",
+                expected=1,
+                direction="masking helps (higher EM)",
+            ),
+        ),
+        reason=(
+            "the observations are a few short passages (at most 100 tokens a turn at CPU scale) and the run "
+            "is a few updates long, so training on retrieved tokens moves the policy little; Search-R1 saw "
+            "the gap over ~1000 steps of a 3B model with 500-token observations"
+        ),
+    ),
+    Finding(
+        key="lambda_format",
+        title="Format reward λ_f (weaker warm start)",
+        source="Empirical study (arXiv 2505.15117) section 4",
+        base="search_r1",
+        warm_start="weak",
+        arms=(
+            Arm("λ_f = 0", _reward(lambda_format=0.0, lambda_retrieval=0.0)),
+            Arm(
+                "λ_f = 0.2",
+                _reward(lambda_format=0.2, lambda_retrieval=0.0),
+                versus="λ_f = 0",
+                expected=1,
+                direction="the format reward speeds convergence and helps, most from a weak start",
+            ),
+        ),
+        reason=(
+            "even the weaker warm start emits the protocol most of the time, so the format term has little "
+            "left to teach; its effect in the study is on speed over hundreds of steps (see the curves)"
+        ),
+    ),
+    Finding(
+        key="lambda_retrieval",
+        title="Retrieval reward λ_r",
+        source="Empirical study (arXiv 2505.15117) section 4",
+        base="search_r1",
+        arms=(
+            Arm("λ_r = 0", _reward(lambda_format=0.2, lambda_retrieval=0.0)),
+            Arm(
+                "λ_r = 0.1",
+                _reward(lambda_format=0.2, lambda_retrieval=0.1),
+                versus="λ_r = 0",
+                expected=0,
+                direction="adds little (no clear gain)",
+            ),
+        ),
+        reason=(
+            "the retrieval-hit term rewards finding a gold-answer passage, which on the synthetic world "
+            "decides the answer more directly than on Wikipedia, so it can matter more here"
+        ),
+    ),
+    Finding(
+        key="retrievers",
+        title="Retriever quality",
+        source="Empirical study (arXiv 2505.15117) section 5",
+        base="search_r1",
+        needs=("retrievers",),
+        arms=(
+            Arm("random", _retriever("random")),
+            Arm(
+                "BM25",
+                _retriever("bm25"),
+                versus="random",
+                expected=1,
+                direction="a better retriever trains a better agent (BM25 > random)",
+            ),
+            Arm(
+                "dense (MiniLM, Flat)",
+                _retriever("dense"),
+                versus="BM25",
+                expected=1,
+                direction="dense > BM25 on their data",
+            ),
+        ),
+        reason=(
+            "the synthetic world's questions name their entities verbatim and its passages are short facts, "
+            "which favours exact lexical match (BM25) over a small general-purpose encoder (MiniLM); the "
+            "papers' Wikipedia questions paraphrase their passages"
+        ),
+    ),
+    Finding(
+        key="algorithms",
+        title="RL algorithm",
+        source="Search-R1 section 5.1; R1-Searcher",
+        base="search_r1",
+        arms=(
+            Arm("GRPO", _same, algorithm="grpo"),
+            Arm(
+                "PPO",
+                _same,
+                algorithm="ppo",
+                versus="GRPO",
+                expected=0,
+                direction="similar final EM (GRPO converges faster, PPO is more stable)",
+            ),
+            Arm(
+                "REINFORCE++",
+                _same,
+                algorithm="reinforce_pp",
+                versus="GRPO",
+                direction="no head-to-head claim (R1-Searcher's choice)",
+            ),
+        ),
+        reason=(
+            "PPO's value head starts untrained and gets a few updates; the papers' differences are in speed "
+            "and stability over hundreds of steps, which a few iterations cannot show"
+        ),
+    ),
+    Finding(
+        key="evidence",
+        title="R-Search evidence reward",
+        source="R-Search ablation (evidence reward)",
+        base="r_search",
+        needs=("judge",),
+        arms=(
+            Arm("evidence reward off", _judge(False)),
+            Arm(
+                "evidence reward on",
+                _judge(True),
+                versus="evidence reward off",
+                expected=1,
+                direction="the evidence reward helps",
+            ),
+        ),
+        reason=(
+            "the judge here is Gemma-3-270M, a weak reader: its F1 from the evidence alone is a noisy "
+            "reward, where R-Search's Llama-3.2-3B judge is a faithful one"
+        ),
+    ),
+)
+BY_KEY = {finding.key: finding for finding in FINDINGS}
+
+
+def select(keys: Sequence[str] | None) -> list[Finding]:
+    """The findings named in ``keys`` (all when None), in the study's order."""
+    if not keys:
+        return list(FINDINGS)
+    unknown = [k for k in keys if k not in BY_KEY]
+    if unknown:
+        raise ValueError(f"unknown findings {unknown}; known: {list(BY_KEY)}")
+    return [f for f in FINDINGS if f.key in keys]
+
+
+def experiment_name(finding: Finding, arm: Arm) -> str:
+    """The Tune experiment directory of one arm (its seeds are its trials)."""
+    slug = "".join(c if c.isalnum() else "_" for c in arm.name.lower().replace("λ", "lambda")).strip("_")
+    return f"{finding.key}__{slug}"
+
+
+def trainable(arm: Arm) -> Any:
+    """The RLlib Algorithm class an arm trains with."""
+    from rllib_search.algos.algorithms import SearchGRPO, SearchPPO, SearchReinforcePP
+
+    return {"grpo": SearchGRPO, "ppo": SearchPPO, "reinforce_pp": SearchReinforcePP}[arm.algorithm]
+
+
+def with_algorithm(config: Any, algorithm: str) -> Any:
+    """``config`` trained by ``algorithm`` with the same env, model, learning rate, KL coefficient, masking
+    and budget: the same episodes per iteration (PPO samples one response a prompt, so it takes
+    ``group_size`` times the prompts) and mini-batch; each algorithm keeps its own estimator defaults (and
+    PPO the CPU recipe's critic learning rate)."""
+    from rllib_search.algos.configs import SearchGRPOConfig, SearchPPOConfig, SearchReinforcePPConfig
+    from rllib_search.env.search_env import ENV_ID
+    from rllib_search.recipes.search_r1 import search_r1_ppo
+
+    classes = {"grpo": SearchGRPOConfig, "ppo": SearchPPOConfig, "reinforce_pp": SearchReinforcePPConfig}
+    if type(config) is classes[algorithm]:
+        return config
+    episodes = int(config.group_size) * int(config.prompts_per_sample)
+    group = 1 if algorithm == "ppo" else int(config.group_size)
+    model_config = dict(config.model_config)
+    if algorithm == "ppo":
+        model_config["value_head"] = True
+    new = (
+        classes[algorithm]()
+        .environment(ENV_ID, env_config=copy.deepcopy(config.env_config))
+        .rl_module(model_config=model_config)
+        .rollouts(
+            group_size=group,
+            prompts_per_sample=max(1, episodes // group),
+            engine=config.engine,
+            engine_options=dict(config.engine_options),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_turn_tokens=config.max_turn_tokens,
+        )
+        .training(
+            lr=config.lr,
+            minibatch_size=config.minibatch_size,
+            micro_batch_size=config.micro_batch_size,
+            kl_coeff=config.kl_coeff,
+            mask_retrieved_tokens=config.mask_retrieved_tokens,
+        )
+    )
+    if algorithm == "ppo":
+        new.training(critic_lr=search_r1_ppo(dataset=None, scale="cpu").critic_lr)
+    return new
+
+
+def arm_config(base: Any, arm: Arm, context: dict[str, Any]) -> Any:
+    """The arm's config: its transform of a copy of ``base``, trained by its algorithm."""
+    config = base.copy(copy_frozen=False)
+    config.env_config = copy.deepcopy(base.env_config)
+    return with_algorithm(arm.transform(config, context), arm.algorithm)
+
+
+# --- results ----------------------------------------------------------------------------------------------
+def trial_record(result: Any) -> dict[str, Any]:
+    """What a study keeps of one Tune trial: its seed, iterations, held-out answers and learning curve."""
+    from rllib_search.recipes.sweeps import metric_curve
+
+    metrics = result.metrics or {}
+    answers = metrics.get("evaluation_answers")
+    curve = metric_curve(result, CURVE_COLUMNS)
+    return {
+        "seed": (result.config or {}).get("seed"),
+        "iterations": metrics.get("training_iteration"),
+        "held_out_em": metrics.get("evaluation", {}).get("em"),
+        "answers": json.loads(answers) if isinstance(answers, str) else None,
+        "curve": [float(x) for x in curve],
+    }
+
+
+def _predictions(trials: list[dict[str, Any]]) -> dict[tuple[Any, str], dict[str, Any]]:
+    return {(t["seed"], a["uid"]): a for t in trials for a in t["answers"]}
+
+
+def reproduced(expected: int | None, low: float, high: float) -> str:
+    """The verdict of a difference's interval against the paper's sign."""
+    if expected is None:
+        return "no claim"
+    if expected == 0:
+        return "yes" if low <= 0 <= high else "no"
+    if low <= 0 <= high:
+        return "inconclusive (interval covers 0)"
+    return "yes" if (low > 0) == (expected > 0) else "no"
+
+
+def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One finding's figures: per arm the pooled held-out EM (F1, cover-EM) per hop count with intervals,
+    per compared arm the paired gain and its verdict."""
+    from rllib_search.algos.evaluation import paired_gain, score_predictions
+
+    arms: dict[str, Any] = {}
+    complete = {}
+    for arm in finding.arms:
+        trials = [t for t in trials_by_arm.get(arm.name, []) if t["answers"]]
+        if not trials:
+            arms[arm.name] = {"status": "not yet run"}
+            continue
+        complete[arm.name] = trials
+        rows = [a for t in trials for a in t["answers"]]
+        scores = score_predictions(
+            [a["answer"] for a in rows], [a["golden_answers"] for a in rows], [a["hops"] for a in rows]
+        )
+        curves = [t["curve"] for t in trials if t["curve"]]
+        length = min((len(c) for c in curves), default=0)
+        arms[arm.name] = {
+            "status": "run",
+            "algorithm": arm.algorithm,
+            "seeds": sorted(t["seed"] for t in trials),
+            "iterations": max(t["iterations"] or 0 for t in trials),
+            "per_seed_em": {str(t["seed"]): t["held_out_em"] for t in trials},
+            "questions_per_seed": len(trials[0]["answers"]),
+            "em": scores.pooled["em"].to_dict(),
+            "scores": scores.to_dict(),
+            "curves": {str(t["seed"]): t["curve"] for t in trials},
+            "curve_mean": [sum(c[i] for c in curves) / len(curves) for i in range(length)],
+            "training_answer_reward_mean": (
+                sum(sum(c) / len(c) for c in curves) / len(curves) if curves else None
+            ),
+        }
+    comparisons = []
+    for arm in finding.arms:
+        if arm.versus is None:
+            continue
+        entry: dict[str, Any] = {
+            "arm": arm.name,
+            "versus": arm.versus,
+            "expected": arm.expected,
+            "direction": arm.direction,
+        }
+        if arm.name in complete and arm.versus in complete:
+            after, before = _predictions(complete[arm.name]), _predictions(complete[arm.versus])
+            keys = sorted(set(after) & set(before), key=str)
+            gain = paired_gain(
+                [before[k]["answer"] for k in keys],
+                [after[k]["answer"] for k in keys],
+                [after[k]["golden_answers"] for k in keys],
+                [after[k]["hops"] for k in keys],
+            )
+            em = gain.pooled["em"]
+            verdict = reproduced(arm.expected, em.low, em.high)
+            learned = max(arms[name]["em"]["value"] for name in (arm.name, arm.versus)) >= 0.05
+            if verdict == "yes" and arm.expected == 0 and not learned:
+                verdict = (
+                    "inconclusive (neither arm learned)"  # "no difference" between two zeros says nothing
+                )
+            entry.update(
+                status="run",
+                pairs=len(keys),
+                em_gain=em.to_dict(),
+                gain=gain.to_dict(),
+                reproduced=verdict,
+            )
+            if entry["reproduced"] not in ("yes", "no claim"):
+                entry["reason"] = explain(finding, arms, entry)
+        else:
+            entry.update(status="not yet run", reproduced="not yet run")
+        comparisons.append(entry)
+    return {
+        "title": finding.title,
+        "source": finding.source,
+        "base": finding.base,
+        "warm_start": finding.warm_start,
+        "status": "run"
+        if len(complete) == len(finding.arms)
+        else "partly run"
+        if complete
+        else "not yet run",
+        "arms": arms,
+        "comparisons": comparisons,
+    }
+
+
+def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> str:
+    """What we believe explains a comparison that did not reproduce: what the data show, then the finding's
+    likely cause at this scale."""
+    ems = [arms[name]["em"]["value"] for name in (entry["arm"], entry["versus"])]
+    gain = entry["em_gain"]
+    parts = []
+    if max(ems) < 0.05:
+        parts.append("neither arm answers held-out questions (EM below 0.05), so there is nothing to compare")
+    elif entry["reproduced"].startswith("inconclusive"):
+        parts.append(
+            f"{entry['pairs']} paired (seed, question) answers cannot resolve a difference of "
+            f"{gain['value']:+.3f} (interval [{gain['low']:+.3f}, {gain['high']:+.3f}])"
+        )
+    else:
+        parts.append(f"the difference is {gain['value']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]")
+    return "; ".join([*parts, finding.reason])
+
+
+# --- the report -------------------------------------------------------------------------------------------
+def report(
+    run: dict[str, Any], results: dict[str, dict[str, Any]], markdown: Path, json_path: Path
+) -> dict[str, Any]:
+    """Write ``findings.json`` and the markdown report (one table, the learning curves beside it as PNGs
+    under ``<markdown's folder>/findings/``) from ``results`` (finding key -> :func:`analyse` output or
+    absent: not yet run); returns the JSON document."""
+    from rllib_search.recipes.sweeps import plot_mean_curves
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    document = {"generated": date, "run": run, "findings": {}}
+    figures = markdown.parent / "findings"
+    status = "" if run else ' No arm has run yet: every row reads "not yet run".'
+    lines = [
+        "# The papers' findings in miniature",
+        "",
+        "Generated by `tuned_examples/findings.py` from its Tune results; do not edit by hand. Run it (see "
+        f"the README's tuned examples) to fill the table.{status}",
+        "",
+        f"- generated: {date}",
+        f"- scale: {run.get('scale', '—')}; policy: `{run.get('model', '—')}`; embedded default (synthetic "
+        f"world seed {run.get('world_seed', 0)}, CPU)",
+        f"- per arm: {run.get('iterations', '—')} iterations, seeds {run.get('seeds', '—')}, warm start "
+        f"{run.get('warm_start_steps', '—')} SFT steps (weak: {run.get('weak_warm_start_steps', '—')}), "
+        f"held-out {run.get('held_out_per_hop', '—')} questions per hop count {run.get('hops', '—')}",
+        "- EM: held-out exact match pooled over seeds, 95% bootstrap interval over (seed, question); ΔEM: "
+        "the paired per-question difference (arm minus the one it is compared with), 95% bootstrap interval. "
+        'Reproduced: yes / no / inconclusive (interval covers 0); for a paper\'s "no difference", yes when '
+        "the interval covers 0.",
+        "",
+        "| Finding | Arm | Held-out EM [95% CI] | Seeds | Compared with | ΔEM [95% CI] | Paper reports | "
+        "Reproduced here |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    notes, curves_md = [], []
+    for finding in FINDINGS:
+        analysis = results.get(finding.key)
+        if analysis is not None:
+            document["findings"][finding.key] = analysis
+        else:
+            document["findings"][finding.key] = {
+                "title": finding.title,
+                "source": finding.source,
+                "status": "not yet run",
+            }
+        comparisons = {c["arm"]: c for c in (analysis or {}).get("comparisons", [])}
+        for arm in finding.arms:
+            figures_of_arm = (analysis or {}).get("arms", {}).get(arm.name, {"status": "not yet run"})
+            run_here = figures_of_arm["status"] == "run"
+            em = _estimate(figures_of_arm["em"]) if run_here else "not yet run"
+            seeds = ", ".join(str(s) for s in figures_of_arm["seeds"]) if run_here else "—"
+            versus = gain = paper = verdict = "—"
+            if arm.versus is not None:
+                versus, paper = arm.versus, f"{finding.source}: {arm.direction}"
+                comparison = comparisons.get(arm.name, {})
+                verdict = comparison.get("reproduced", "not yet run")
+                if comparison.get("status") == "run":
+                    gain = _estimate(comparison["em_gain"], signed=True)
+                    if "reason" in comparison:
+                        notes.append(
+                            f"- **{finding.title}, {arm.name} vs {arm.versus}** ({verdict}): "
+                            f"{comparison['reason']}."
+                        )
+            lines.append(
+                f"| {finding.title} | {arm.name} | {em} | {seeds} | {versus} | {gain} | {paper} | {verdict} |"
+            )
+        if analysis is not None and analysis["status"] != "not yet run":
+            figures.mkdir(parents=True, exist_ok=True)
+            png = figures / f"{finding.key}.png"
+            curves = {
+                name: list(figures_of_arm["curves"].values())
+                for name, figures_of_arm in analysis["arms"].items()
+                if figures_of_arm["status"] == "run"
+            }
+            plot_mean_curves(
+                curves,
+                png,
+                title=f"{finding.title}: training answer reward",
+                ylabel="answer reward (mean of seeds)",
+            )
+            curves_md.append(f"![{finding.title}](findings/{png.name})")
+    if notes:
+        lines += ["", "## Why a finding did not reproduce here", "", *notes]
+    if curves_md:
+        lines += [
+            "",
+            "## Learning curves",
+            "",
+            "Training answer reward (EM term; R-Search: answer F1) per iteration, mean over seeds.",
+            "",
+            *curves_md,
+        ]
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text("\n".join(lines) + "\n")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    return document
+
+
+def _estimate(estimate: dict[str, float], signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    return f"{estimate['value']:{sign}.3f} [{estimate['low']:{sign}.3f}, {estimate['high']:{sign}.3f}]"

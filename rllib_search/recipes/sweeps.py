@@ -1,0 +1,117 @@
+"""What the Ray Tune studies of ``tuned_examples/`` share (``lambda_sweep.py``, ``findings.py``).
+
+- :func:`fit_or_restore`: fit a Tune experiment of an RLlib Algorithm, or resume it from its checkpoints
+  (``tune.Tuner.restore``) when it exists under the storage directory; :func:`restored_results` reads a
+  finished (or partial) experiment's results without training;
+- :func:`markdown_table`: rows of dicts as a markdown table;
+- :func:`metric_curve` and :func:`plot_mean_curves`: a trial's metric per iteration, and curves averaged
+  over seeds, one line per label, as a PNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def fit_or_restore(
+    trainable: Any,
+    param_space: Any,
+    *,
+    storage: Path,
+    name: str,
+    iterations: int,
+    fresh: bool = False,
+    max_concurrent: int | None = None,
+    say: Callable[[str], None] = print,
+    what: str = "experiment",
+) -> Any:
+    """Fit (or resume) the Tune experiment ``storage/name`` of ``trainable`` over ``param_space`` (an
+    AlgorithmConfig with ``tune.grid_search`` values), each trial stopping after ``iterations`` and
+    checkpointing every iteration; returns the ResultGrid. Raises when a trial failed."""
+    from ray import tune
+
+    storage = Path(storage).resolve()
+    experiment = storage / name
+    if experiment.exists() and not fresh and tune.Tuner.can_restore(str(experiment)):
+        say(f"resuming the {what} in {experiment}")
+        tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            # Trials run side by side as the cluster's resources allow (one CPU each on a CPU-only Ray, where
+            # Ray gives each trial one torch thread).
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(storage),
+                stop={"training_iteration": iterations},
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1),
+                verbose=1,
+            ),
+        )
+    results = tuner.fit()
+    if results.errors:
+        raise RuntimeError(f"{len(results.errors)} trials failed: {results.errors[0]}")
+    return results
+
+
+def restored_results(trainable: Any, experiment: Path) -> Any | None:
+    """The ResultGrid of the experiment in ``experiment`` as it stands (nothing is trained), or None when
+    there is none."""
+    from ray import tune
+
+    if not experiment.exists() or not tune.Tuner.can_restore(str(experiment)):
+        return None
+    return tune.Tuner.restore(str(experiment.resolve()), trainable=trainable).get_results()
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows (dicts with the same keys) as a markdown table; floats with three decimals."""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def metric_curve(result: Any, columns: Sequence[str]) -> Any:
+    """A trial's metric per iteration (numpy): the first of ``columns`` its results have (NaN-free
+    iterations only at the end are kept as NaN)."""
+    import numpy as np
+
+    frame = result.metrics_dataframe
+    for column in columns:
+        if frame is not None and column in frame:
+            return frame[column].to_numpy(dtype=float)
+    return np.asarray([], dtype=float)
+
+
+def plot_mean_curves(
+    curves: Mapping[str, Sequence[Any]], path: Path, *, title: str, ylabel: str = "training reward"
+) -> None:
+    """One line per label: the mean over its runs (seeds) of a metric per iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, runs in curves.items():
+        runs = [run for run in runs if len(run)]
+        if not runs:
+            continue
+        length = min(len(run) for run in runs)
+        mean = np.mean([run[:length] for run in runs], axis=0)
+        ax.plot(range(1, length + 1), mean, marker="o", label=f"{label} ({len(runs)} seeds)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

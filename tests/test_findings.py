@@ -1,0 +1,114 @@
+"""tuned_examples/findings.py end to end (--smoke, a tiny policy): one finding's two arms with two seeds each
+as Tune experiments, findings.json with intervals from the trials' per-question answers, the markdown table
+with "not yet run" rows, the learning-curve PNG, and a second run that resumes instead of retraining; plus
+the study's pure parts (verdicts, the algorithm arms' equal budget)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.recipes import findings as study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_verdict_follows_the_interval_and_the_papers_sign():
+    assert study.reproduced(1, 0.01, 0.2) == "yes"
+    assert study.reproduced(1, -0.2, -0.01) == "no"
+    assert study.reproduced(1, -0.1, 0.1).startswith("inconclusive")
+    assert study.reproduced(0, -0.1, 0.1) == "yes" and study.reproduced(0, 0.05, 0.1) == "no"
+    assert study.reproduced(None, 0.1, 0.2) == "no claim"
+    assert study.select(["evidence", "masking"]) == [study.BY_KEY["masking"], study.BY_KEY["evidence"]]
+    with pytest.raises(ValueError):
+        study.select(["nope"])
+
+
+def test_the_algorithm_arms_get_the_same_budget():
+    from rllib_search.recipes import search_r1_grpo
+
+    base = search_r1_grpo(dataset=None, scale="cpu")
+    context: dict = {}
+    configs = {arm.name: study.arm_config(base, arm, context) for arm in study.BY_KEY["algorithms"].arms}
+    episodes = {name: c.group_size * c.prompts_per_sample for name, c in configs.items()}
+    assert len(set(episodes.values())) == 1, episodes
+    assert {c.advantage_estimator for c in configs.values()} == {"grpo", "gae", "reinforce_pp"}
+    assert len({(c.lr, c.minibatch_size, c.kl_coeff) for c in configs.values()}) == 1
+    assert configs["PPO"].model_config["value_head"] and configs["PPO"].group_size == 1
+    masking = {arm.name: study.arm_config(base, arm, context) for arm in study.BY_KEY["masking"].arms}
+    assert masking["masking on"].mask_retrieved_tokens and not masking["masking off"].mask_retrieved_tokens
+    assert base.mask_retrieved_tokens  # the base is untouched
+
+
+@pytest.mark.slow
+def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
+    from rllib_search.algos.evaluation import score_predictions
+
+    model = str(build_tiny_causal_lm(tmp_path / "model", build_tiny_tokenizer(tmp_path / "tok")))
+    out = tmp_path / "findings"
+    argv = [sys.executable, str(ROOT / "tuned_examples" / "findings.py")]
+    argv += ["--smoke", "--findings", "masking", "--seeds", "0,1", "--model", model, "--out", str(out)]
+    argv += ["--num-cpus", "2"]
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+    def run() -> str:
+        done = subprocess.run(argv, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    run()
+    document = json.loads((out / "findings.json").read_text())
+    assert document["run"]["scale"] == "smoke" and document["run"]["seeds"] == [0, 1]
+    masking = document["findings"]["masking"]
+    assert masking["status"] == "run"
+    assert all(f["status"] == "not yet run" for k, f in document["findings"].items() if k != "masking")
+    per_hop = document["run"]["held_out_per_hop"]
+    for name in ("masking on", "masking off"):
+        arm = masking["arms"][name]
+        assert arm["seeds"] == [0, 1] and arm["iterations"] == 1
+        assert arm["scores"]["groups"].keys() == {"1", "2"}
+        assert all(group["n"] == 2 * per_hop for group in arm["scores"]["groups"].values())
+        em = arm["em"]
+        assert em["low"] <= em["value"] <= em["high"]
+        # The arm's EM and interval are those of its trials' per-question answers, pooled over seeds.
+        rows = []
+        for result_file in sorted(
+            (
+                out
+                / "tune"
+                / study.experiment_name(study.BY_KEY["masking"], study.BY_KEY["masking"].arm(name))
+            ).glob("*/result.json")
+        ):
+            last = json.loads(result_file.read_text().strip().splitlines()[-1])
+            rows += json.loads(last["evaluation_answers"])
+        assert len(rows) == 2 * 2 * per_hop
+        scores = score_predictions(
+            [r["answer"] for r in rows], [r["golden_answers"] for r in rows], [r["hops"] for r in rows]
+        )
+        assert scores.pooled["em"].to_dict() == pytest.approx(em)
+    (comparison,) = masking["comparisons"]
+    assert comparison["arm"] == "masking on" and comparison["versus"] == "masking off"
+    assert comparison["pairs"] == 2 * 2 * per_hop and comparison["expected"] == 1
+    gain = comparison["em_gain"]
+    assert gain["low"] <= gain["value"] <= gain["high"]
+    assert comparison["reproduced"] in ("yes", "no", "inconclusive (interval covers 0)")
+    if comparison["reproduced"] != "yes":
+        assert comparison["reason"]
+
+    table = (out / "findings.md").read_text()
+    assert "| Retrieved-token masking | masking on |" in table and "| masking off |" in table
+    assert "| Retriever quality | BM25 | not yet run |" in table and "seeds [0, 1]" in table
+    assert "![Retrieved-token masking](findings/masking.png)" in table
+    assert (out / "findings" / "masking.png").stat().st_size > 0
+
+    # Run again: the warm start and both arms' experiments are restored, not retrained.
+    stdout = run()
+    assert "warm start: reusing" in stdout and stdout.count("resuming the arm") == 2
+    again = json.loads((out / "findings.json").read_text())
+    assert again["findings"]["masking"]["arms"] == masking["arms"]

@@ -1,0 +1,205 @@
+"""The papers' findings in miniature, on the embedded default, with Ray Tune (resumable).
+
+Each finding (``rllib_search/recipes/findings.py``) is a set of arms, config transforms of one base recipe
+(Search-R1's GRPO, or R-Search's for the evidence reward) trained from ONE shared warm start per finding
+(the λ_f finding from a weaker one): every arm gets the same iterations, batch, learning rate and seeds.
+Every arm is a Tune experiment under ``--out``/tune whose trials are its seeds; each trial is evaluated
+greedily on held-out questions (``--held-out-per-hop`` per hop count) at its last iteration, question by
+question, so an arm's EM and an arm-vs-arm difference get bootstrap intervals (``algos/evaluation.py``).
+
+    masking           Search-R1 Table 4: retrieved-token masking on vs off
+    lambda_format     empirical study: λ_f 0 vs 0.2 from a weaker warm start
+    lambda_retrieval  empirical study: λ_r 0 vs 0.1
+    retrievers        dense (bundled MiniLM, Flat) vs BM25 vs random passages
+    algorithms        GRPO vs PPO vs REINFORCE++
+    evidence          R-Search's evidence reward on vs off (the served Gemma-3-270M judge)
+
+Run the same command again and it resumes: finished arms are read back, unfinished ones continue from their
+checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study (hours on two CPU cores)
+can span sessions. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval,
+the paper's direction and whether it reproduced here; learning-curve PNGs under ``docs/findings/``) and
+``benchmarks/results/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
+the rest); ``--smoke`` writes them under ``--out`` instead.
+
+    python tuned_examples/findings.py                       # the whole study: 6 findings, 3 seeds, SmolLM2
+    python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10
+    python tuned_examples/findings.py --report-only         # rewrite the report from the results so far
+    python tuned_examples/findings.py --smoke --findings masking --seeds 0,1   # minutes, same code path
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rllib_search.recipes import findings as study
+from rllib_search.recipes import r_search_grpo, search_r1_grpo
+from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.sweeps import fit_or_restore, restored_results
+
+ROOT = Path(__file__).resolve().parents[1]
+MINILM = "all-minilm-l6-v2"
+SIZES = {  # iterations are --iterations (default: 10; smoke 1)
+    "embedded": {"seeds": (0, 1, 2), "per_hop": 50, "warm_start": 8, "weak_warm_start": 3},
+    "smoke": {"seeds": (0,), "per_hop": 3, "warm_start": 2, "weak_warm_start": 1},
+}
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = job_arguments(__doc__, iterations=10)
+    parser.add_argument("--findings", type=lambda s: s.split(","), help="comma-separated (default: all)")
+    parser.add_argument("--seeds", type=ints, help="e.g. 0,1,2 (default 0,1,2; smoke 0)")
+    parser.add_argument("--held-out-per-hop", type=int, help="held-out questions per hop count (default 50)")
+    parser.add_argument("--hops", type=ints, default=(1, 2), help="hop counts evaluated (default 1,2)")
+    parser.add_argument("--warm-start-steps", type=int, help="SFT steps of the shared warm start (default 8)")
+    parser.add_argument("--weak-warm-start-steps", type=int, help="the λ_f finding's (default 3)")
+    parser.add_argument("--max-concurrent", type=int, help="trials at once (default: as resources allow)")
+    parser.add_argument("--fresh", action="store_true", help="start over instead of resuming")
+    parser.add_argument("--report-only", action="store_true", help="only rewrite the report from --out")
+    parser.add_argument("--markdown", help="report path (default docs/findings.md; smoke: --out)")
+    parser.add_argument(
+        "--json", help="results path (default benchmarks/results/findings.json; smoke: --out)"
+    )
+    args = parser.parse_args(argv)
+    if args.data or args.retriever_url or args.held_out:
+        parser.error("the findings run on the embedded default (no --data, --retriever-url, --held-out)")
+    args.embedded = not args.smoke  # the study's scale is the embedded default's
+    size = SIZES["smoke" if args.smoke else "embedded"]
+    findings = study.select(args.findings)
+    out = Path(args.out or "runs/findings")
+    markdown = Path(args.markdown or (out / "findings.md" if args.smoke else ROOT / "docs" / "findings.md"))
+    json_path = Path(
+        args.json
+        or (out / "findings.json" if args.smoke else ROOT / "benchmarks" / "results" / "findings.json")
+    )
+    if args.report_only:
+        write_report(out, markdown, json_path, print)
+        return 0
+
+    with RecipeJob("findings", args) as job:
+        seeds = args.seeds or size["seeds"]
+        run = {
+            "scale": "smoke" if args.smoke else "embedded",
+            "model": args.model or "smollm2-135m-instruct",
+            "world_seed": args.seed,
+            "iterations": job.iterations,
+            "seeds": list(seeds),
+            "held_out_per_hop": args.held_out_per_hop or size["per_hop"],
+            "hops": list(args.hops),
+            "warm_start_steps": args.warm_start_steps or size["warm_start"],
+            "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
+        }
+        (job.out / "run.json").write_text(json.dumps(run, indent=2))
+        held_out = [
+            record
+            for hops in run["hops"]
+            for record in job.world.records("test", hops=hops)[: run["held_out_per_hop"]]
+        ]
+        context = {"served_retriever": job.retriever()}
+        if any("retrievers" in f.needs for f in findings):
+            context["retrievers"] = retriever_specs(job)
+        if any("judge" in f.needs for f in findings):
+            context["judge"] = job.judge()
+        job.say(
+            f"findings {[f.key for f in findings]}: {job.iterations} iterations x seeds {list(seeds)} per "
+            f"arm, {len(held_out)} held-out questions"
+        )
+        for finding in findings:
+            base = base_recipe(job, finding, run, context, args)
+            for arm in finding.arms:
+                config = study.arm_config(base, arm, context)
+                config = config.held_out(dataset=held_out, interval=job.iterations, answers=True)
+                run_arm(job, finding, arm, config, seeds, args)
+        write_report(job.out, markdown, json_path, job.say)
+    return 0
+
+
+def base_recipe(
+    job: RecipeJob, finding: study.Finding, run: dict[str, Any], context: dict[str, Any], args: Any
+) -> Any:
+    """The finding's base recipe at CPU scale, from its warm start (shared by the findings that share a base
+    and a warm-start size, and reused on resume), smoke-sized under ``--smoke``."""
+    if finding.base == "r_search":
+        recipe = r_search_grpo(
+            dataset=job.dataset,
+            retriever=context["served_retriever"],
+            judge=context["judge"],
+            scale="cpu",
+            model=args.model,
+        )
+    else:
+        recipe = search_r1_grpo(
+            dataset=job.dataset, retriever=context["served_retriever"], scale="cpu", model=args.model
+        )
+    steps = run["weak_warm_start_steps"] if finding.warm_start == "weak" else run["warm_start_steps"]
+    model = job.warm_started(
+        recipe.model_config["model"],
+        recipe.env_config,
+        steps=steps,
+        directory=f"warm_start_{finding.base}_{steps}_steps",
+        always=True,
+        reuse=not args.fresh,
+    )
+    return job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model}))
+
+
+def retriever_specs(job: RecipeJob) -> dict[str, dict[str, Any]]:
+    """In-process specs of the world's BM25, dense (MiniLM, Flat) and random-passage indexes, built once
+    beside the world (all three arms go through the same in-process path)."""
+    from rllib_search.serve.index_build import build_index
+
+    root = job.world.root
+    specs = {"bm25": {"type": "index", "dir": str(job.world.index)}}
+    for name, kind, options in (("dense", "flat", {"encoder": MINILM}), ("random", "random", {})):
+        index = root / f"{kind}_index" if name == "random" else root / "flat_minilm_index"
+        if not (index / "manifest.json").exists():
+            job.say(f"building the {name} index of the world's passages in {index}")
+            build_index(job.world.corpus, index, kind=kind, progress=False, **options)
+        specs[name] = {"type": "index", "dir": str(index)}
+    return specs
+
+
+def run_arm(
+    job: RecipeJob, finding: study.Finding, arm: study.Arm, config: Any, seeds: Any, args: Any
+) -> Any:
+    from ray import tune
+
+    job.say(f"{finding.key}: arm {arm.name!r} ({arm.algorithm})")
+    return fit_or_restore(
+        study.trainable(arm),
+        config.debugging(seed=tune.grid_search(list(seeds))),
+        storage=job.out / "tune",
+        name=study.experiment_name(finding, arm),
+        iterations=job.iterations,
+        fresh=args.fresh,
+        max_concurrent=args.max_concurrent,
+        say=job.say,
+        what=f"arm {arm.name!r}",
+    )
+
+
+def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
+    """The report from every arm's experiment found under ``out``/tune."""
+    run_file = out / "run.json"
+    run = json.loads(run_file.read_text()) if run_file.exists() else {}
+    results = {}
+    for finding in study.FINDINGS:
+        trials = {}
+        for arm in finding.arms:
+            grid = restored_results(study.trainable(arm), out / "tune" / study.experiment_name(finding, arm))
+            if grid is not None:
+                trials[arm.name] = [study.trial_record(result) for result in grid]
+        if trials:
+            results[finding.key] = study.analyse(finding, trials)
+    study.report(run, results, markdown, json_path)
+    say(f"wrote {markdown} and {json_path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
