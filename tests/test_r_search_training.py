@@ -92,11 +92,8 @@ def test_one_sample_makes_one_judge_call_for_all_its_evidences(judge_url, eviden
     for rollout in judged:
         assert isinstance(rollout.evidence_answer, str)
         assert "evidence_f1" in rollout.reward_components and rollout.reward_components["judge_error"] == 0.0
-    # The judge's answers sit in the record; evidence-less episodes say why their term is 0.
-    judged_ids = {id(r) for r in judged}
-    for rollout in rollouts:
-        if id(rollout) not in judged_ids:
-            assert rollout.evidence_answer is None and "evidence" in rollout.reward_notes
+    # This policy writes evidence in (nearly) every episode, so an evidence-less episode (its note says why its term
+    # is 0) is checked where one is certain: test_search_env's one-judge-call test.
 
 
 def test_an_unreachable_judge_is_counted_and_loses_no_episode(service, evidence_policy_dir, world):
