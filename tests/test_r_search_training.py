@@ -92,8 +92,8 @@ def test_one_sample_makes_one_judge_call_for_all_its_evidences(judge_url, eviden
     for rollout in judged:
         assert isinstance(rollout.evidence_answer, str)
         assert "evidence_f1" in rollout.reward_components and rollout.reward_components["judge_error"] == 0.0
-    # This policy writes evidence in (nearly) every episode, so an evidence-less episode (its note says why its term
-    # is 0) is checked where one is certain: test_search_env's one-judge-call test.
+    # This policy writes evidence in (nearly) every episode, so an evidence-less episode (its note says why
+    # its term is 0) is checked where one is certain: test_search_env's one-judge-call test.
 
 
 def test_an_unreachable_judge_is_counted_and_loses_no_episode(service, evidence_policy_dir, world):
