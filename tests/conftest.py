@@ -16,6 +16,7 @@ from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
 from rllib_search.serve.index_build import build_index
 from rllib_search.serve.ports import free_port
+from rllib_search.serve.ray_cluster import patient_serve_proxies
 from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm
 
@@ -81,6 +82,7 @@ def ray_cluster():
 
     # address="local": a private Ray even where another cluster runs on this machine (`ray start`, another
     # test run): joining it would refuse num_cpus and tie the tests to its lifetime.
+    patient_serve_proxies()
     ray.init(
         address="local", num_cpus=4, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False
     )

@@ -288,6 +288,7 @@ def child(out: str, workdir: str, metrics_port: int, deadline_s: float = 150.0) 
     from rllib_search.serve.index_build import build_index
     from rllib_search.serve.judge_client import JudgeClient, JudgeUnavailable
     from rllib_search.serve.ports import free_port
+    from rllib_search.serve.ray_cluster import patient_serve_proxies
     from rllib_search.serve.retriever import APP_NAME, build_retriever_app
 
     started = time.perf_counter()
@@ -299,6 +300,7 @@ def child(out: str, workdir: str, metrics_port: int, deadline_s: float = 150.0) 
     model = str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
 
     # A new local cluster even where another one runs on this machine (address="local").
+    patient_serve_proxies()
     ray.init(
         address="local",
         num_cpus=2,

@@ -36,7 +36,7 @@ def connect(num_cpus: int | None = None, *, metrics_port: int | None = None) -> 
     Returns lines that say where to watch the run (dashboard URL, Prometheus endpoint)."""
     import ray
 
-    from rllib_search.serve.ray_cluster import cluster_address
+    from rllib_search.serve.ray_cluster import cluster_address, patient_serve_proxies
 
     if ray.is_initialized():
         return []
@@ -44,6 +44,7 @@ def connect(num_cpus: int | None = None, *, metrics_port: int | None = None) -> 
     if address:
         context = ray.init(address=address, log_to_driver=False)
     else:
+        patient_serve_proxies()
         context = ray.init(
             address="local",
             num_cpus=num_cpus,

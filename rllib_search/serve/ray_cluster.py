@@ -22,3 +22,15 @@ def cluster_address() -> str | None:
 
     started = find_bootstrap_address(None)
     return started if started and started in find_gcs_addresses() else None
+
+
+# Serve's controller kills an HTTP proxy that is not ready within RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
+# (5 s by default). A fresh worker process that imports Serve on a loaded 2-core machine can take longer,
+# and `serve.start` then fails with "the actor is dead because it was killed by ray.kill".
+PROXY_READY_TIMEOUT_S = "60"
+
+
+def patient_serve_proxies() -> None:
+    """Give Serve's proxies of a Ray this process is about to start a minute to come up (unless the user set
+    the timeout). Call before ``ray.init``: the cluster's processes inherit this environment."""
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_TIMEOUT_S)

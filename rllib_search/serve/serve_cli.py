@@ -150,7 +150,7 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
     import ray
     from ray import serve
 
-    from rllib_search.serve.ray_cluster import cluster_address
+    from rllib_search.serve.ray_cluster import cluster_address, patient_serve_proxies
 
     if args.address == "local":
         address = None
@@ -168,6 +168,8 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
             flush=True,
         )
     # "local", not None: None would make ray.init try a cluster recorded by an earlier `ray start`, even dead.
+    if not address:
+        patient_serve_proxies()
     ray.init(address=address or "local", ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build(), name=name, route_prefix=prefix)
