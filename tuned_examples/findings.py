@@ -138,15 +138,13 @@ def base_recipe(
             dataset=job.dataset, retriever=context["served_retriever"], scale="cpu", model=args.model
         )
     steps = run["weak_warm_start_steps"] if finding.warm_start == "weak" else run["warm_start_steps"]
-    model = job.warm_started(
-        recipe.model_config["model"],
-        recipe.env_config,
+    return job.prepared(
+        recipe,
         steps=steps,
         directory=f"warm_start_{finding.base}_{steps}_steps",
         always=True,
         reuse=not args.fresh,
     )
-    return job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model}))
 
 
 def retriever_specs(job: RecipeJob) -> dict[str, dict[str, Any]]:

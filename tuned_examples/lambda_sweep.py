@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = search_r1_grpo(
             dataset=job.dataset, retriever=job.retriever(), scale=job.scale, model=args.model
         )
-        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
-        recipe = job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model}))
+        recipe = job.prepared(recipe)
         if job.held_out is not None:  # evaluated once, at each trial's last iteration
             recipe = recipe.held_out(dataset=job.held_out, interval=job.iterations)
         job.say(

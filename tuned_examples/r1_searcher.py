@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             stage1_iterations=args.stage1_iterations or (1 if args.smoke else None),
             stage1_threshold=args.stage1_threshold,
         )
-        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
-        job.train(job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model})))
+        job.train(job.prepared(recipe))
     return 0
 
 

@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = r_search_grpo(
             dataset=job.dataset, retriever=job.retriever(), judge=judge, scale=job.scale, model=args.model
         )
-        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
-        job.train(job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model})))
+        job.train(job.prepared(recipe))
     return 0
 
 

@@ -38,8 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda_format=args.lambda_format,
             lambda_retrieval=args.lambda_retrieval,
         )
-        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
-        job.train(job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model})))
+        job.train(job.prepared(recipe))
     return 0
 
 

@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = search_r1_ppo(
             dataset=job.dataset, retriever=job.retriever(), scale=job.scale, model=args.model
         )
-        model = job.warm_started(recipe.model_config["model"], recipe.env_config)
-        job.train(job.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model})))
+        job.train(job.prepared(recipe))
     return 0
 
 

@@ -295,18 +295,27 @@ def corpus_jsonl_to_parquet(
 
     The parquet appears only once complete: it is written beside its final path and renamed.
     """
-    parquet_path = Path(parquet_path)
-    partial = parquet_path.with_name(parquet_path.name + ".partial")
+    batches = corpus_batches(jsonl_path, batch_size)
+    return write_batches_atomically(batches, parquet_path, lambda path: pq.ParquetWriter(path, CORPUS_SCHEMA))
+
+
+def write_batches_atomically(
+    batches: Iterable[pa.RecordBatch], target: str | Path, open_writer: Callable[[Path], Any]
+) -> int:
+    """Write ``batches`` through ``open_writer(path)`` (a context manager with ``write_batch``) to a file
+    beside ``target``, renamed to ``target`` only once complete (removed on failure); returns the rows."""
+    target = Path(target)
+    partial = target.with_name(target.name + ".partial")
     rows = 0
     try:
-        with pq.ParquetWriter(partial, CORPUS_SCHEMA) as writer:
-            for batch in corpus_batches(jsonl_path, batch_size):
+        with open_writer(partial) as writer:
+            for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    partial.replace(parquet_path)
+    partial.replace(target)
     return rows
 
 

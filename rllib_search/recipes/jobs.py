@@ -183,6 +183,12 @@ class RecipeJob:
             return config
         return config.rollouts(prompts_per_sample=1, max_turn_tokens=32)
 
+    def prepared(self, recipe: Any, **warm_start: Any) -> Any:
+        """``recipe`` ready to train here: its policy warm-started where :meth:`warm_started` says
+        (``warm_start`` goes to it) and its rollouts smoke-sized under ``--smoke``."""
+        model = self.warm_started(recipe.model_config["model"], recipe.env_config, **warm_start)
+        return self.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model}))
+
     def warm_started(
         self,
         model: str,

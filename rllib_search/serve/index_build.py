@@ -6,8 +6,10 @@ Dense kinds embed each passage's ``contents`` (``"Title"\\ntext``) with the pass
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from rllib_search.data.errors import DataFormatError
-from rllib_search.data.formats import CORPUS_SCHEMA, corpus_batches
+from rllib_search.data.formats import CORPUS_SCHEMA, corpus_batches, write_batches_atomically
 from rllib_search.serve.encoders import DEFAULT_ENCODER, EncoderSpec, TextEncoder
 from rllib_search.serve.index_manifest import (
     BM25_DIR,
@@ -121,19 +123,13 @@ def _sha256(path: Path) -> str:
 
 def _stage_corpus(source: Path, target: Path) -> int:
     """Write a corpus jsonl or parquet to ``target`` as an Arrow IPC file, batch by batch; returns rows."""
-    batches = corpus_batches(source, STAGING_BATCH_ROWS)
-    partial = target.with_name(target.name + ".partial")
-    rows = 0
-    try:
-        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, CORPUS_SCHEMA) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(target)
-    return rows
+    return write_batches_atomically(corpus_batches(source, STAGING_BATCH_ROWS), target, _arrow_ipc_writer)
+
+
+@contextlib.contextmanager
+def _arrow_ipc_writer(path: Path) -> Iterator[pa.ipc.RecordBatchFileWriter]:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, CORPUS_SCHEMA) as writer:
+        yield writer
 
 
 def _ivfpq_options(options: dict[str, Any], count: int, dim: int) -> dict[str, Any]:
