@@ -151,6 +151,24 @@ def test_one_update_raises_positively_advantaged_tokens(
     algo.stop()
 
 
+def test_train_top_layers_updates_the_top_block_and_final_norm_only(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    top_only = {"train_top_layers": 1}
+    config = make_config(
+        SearchGRPOConfig, model_dir, world, corpus, model=top_only, lr=5e-3, old_logprobs="recompute"
+    )
+    algo = config.build_algo()
+    before = policy_weights(algo)
+    learner_of(algo).update(batch=with_advantages(demonstrations[:2], [1.0, -1.0], algo.config))
+    after = policy_weights(algo)
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    # The tiny model has 2 blocks: only block 1 and the final norm train; the tied embeddings stay.
+    in_top = {name for name in changed if name.startswith("model.layers.1.")}
+    assert in_top and changed - in_top <= {"model.norm.weight"}
+    algo.stop()
+
+
 def test_micro_batches_accumulate_to_the_whole_batch_update(
     ray_cluster, model_dir, world, corpus, demonstrations
 ):

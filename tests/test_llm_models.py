@@ -13,6 +13,7 @@ from rllib_search.llm.models import (
     load_causal_lm,
     lora_state_dict,
     merged_state_dict,
+    train_top_layers,
 )
 from rllib_search.llm.tiny import build_tiny_causal_lm
 
@@ -67,6 +68,21 @@ def test_lora_trains_adapters_only(tiny_path):
     model(ids, labels=ids).loss.backward()
     assert all(param.grad is not None for name, param in model.named_parameters() if name in trainable)
     assert all(param.grad is None for name, param in model.named_parameters() if name not in trainable)
+
+
+def test_train_top_layers_trains_the_top_blocks_and_final_norm_only(tiny_path):
+    model = train_top_layers(load_causal_lm(str(tiny_path))[0], 1)
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    assert trainable == {
+        name for name, _ in model.named_parameters() if name.startswith("model.layers.1.")
+    } | {"model.norm.weight"}
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(ids, labels=ids).loss.backward()
+    assert all(param.grad is not None for name, param in model.named_parameters() if name in trainable)
+    assert all(param.grad is None for name, param in model.named_parameters() if name not in trainable)
+    for count in (0, 3):
+        with pytest.raises(ValueError, match="train_top_layers"):
+            train_top_layers(load_causal_lm(str(tiny_path))[0], count)
 
 
 def test_lora_with_gradient_checkpointing_gets_gradients(tiny_path):

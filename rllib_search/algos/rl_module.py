@@ -14,7 +14,9 @@ episode most positions are prompt and retrieved text, so this skips most of the 
 
 ``model_config`` keys (defaults in :data:`DEFAULT_MODEL_CONFIG`): ``model`` (hub name, local path or
 bundled alias), ``dtype`` / ``device`` (default: fp32 on CPU, bf16 on GPU), ``gradient_checkpointing``,
-``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync), ``value_head``,
+``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync),
+``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
+in ``llm/models.py``), ``value_head``,
 ``logprob_chunk`` (positions per chunk of the vocabulary projection).
 """
 
@@ -28,7 +30,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rllib_search.llm.models import apply_lora, load_causal_lm
+from rllib_search.llm.models import apply_lora, load_causal_lm, train_top_layers
 
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "model": "smollm2-135m-instruct",
@@ -36,6 +38,7 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "device": None,
     "gradient_checkpointing": False,
     "lora": None,
+    "train_top_layers": None,
     "value_head": False,
     "logprob_chunk": 256,
 }
@@ -69,6 +72,12 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
             dtype=config["dtype"],
             gradient_checkpointing=config["gradient_checkpointing"],
         )
+        if config["train_top_layers"] is not None:
+            if config["lora"] is not None:
+                raise ValueError(
+                    "train_top_layers and lora are exclusive: LoRA already freezes the base model"
+                )
+            model = train_top_layers(model, int(config["train_top_layers"]))
         if config["lora"] is not None:
             model = apply_lora(model, **config["lora"])
         self.model = model

@@ -128,11 +128,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Every param group of every registered optimizer."""
-        return [
-            group
-            for _, optimizer in self.optimizers()
-            for group in optimizer.param_groups
-        ]
+        return [group for _, optimizer in self.optimizers() for group in optimizer.param_groups]
 
     def write_learning_rates(self) -> float:
         """The one learning-rate writer: each param group at its ``base_lr`` times the warmup factor."""
