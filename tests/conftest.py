@@ -33,6 +33,20 @@ def _one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _seeded_global_rngs():
+    """Every test starts from the same global RNG state (Python, numpy, torch), so a draw that a test
+    forgot to seed is still the same on every run. Ray actors seed from the configs' ``seed``."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     """A byte-level BPE tokenizer trained here, saved to a temp dir and loaded back by path."""

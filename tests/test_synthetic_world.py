@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import time
 from collections import Counter
 
 import bm25s
@@ -35,10 +34,12 @@ def world_dir(world, tmp_path_factory):
     return out
 
 
-def test_default_world_generates_quickly():
-    start = time.perf_counter()
-    generate_world(SyntheticWorldConfig(seed=11))
-    assert time.perf_counter() - start < 5.0
+def test_default_world_has_the_configured_size():
+    # Its generation time is not asserted here (timing belongs in benchmarks/, not in tests).
+    config = SyntheticWorldConfig(seed=11)
+    world = generate_world(config)
+    assert len(world.train) == config.num_train and len(world.test) == config.num_test
+    assert abs(len(world.passages) - config.num_passages) <= 0.1 * config.num_passages  # "about" that many
 
 
 def test_same_seed_gives_identical_files_and_another_seed_does_not(world_dir, tmp_path):

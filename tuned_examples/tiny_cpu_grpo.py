@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search import ENV_ID
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
-    from rllib_search.env.rewards import exact_match
+    from rllib_search.algos.evaluation import Estimate, paired_gain, score_predictions
     from rllib_search.env.search_env import SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.recipes import embedded
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     train, test = world.records("train"), world.records("test")
     by_hops = {h: [r for r in train if r.extra["num_hops"] == h] for h in (1, 2)}
     held_out = {h: [r for r in test if r.extra["num_hops"] == h][: args.eval_questions] for h in (1, 2)}
+    golds = [r.golden_answers for hops in held_out for r in held_out[hops]]
+    groups = [str(hops) for hops in held_out for _ in held_out[hops]]
     say(
         f"world: {len(train)} train / {len(test)} test questions "
         f"(1-hop {len(by_hops[1])}, 2-hop {len(by_hops[2])})"
@@ -130,15 +132,21 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     def evaluate(algo: Any, stage: str) -> dict[str, Any]:
-        row: dict[str, Any] = {"stage": stage}
+        """Greedy answers on the held-out questions, EM / F1 / cover-EM per hop count with intervals."""
+        row: dict[str, Any] = {"stage": stage, "answers": {}}
         for hops, records in held_out.items():
             rollouts = algo.evaluate_questions(records, temperature=0.0)
-            row[f"em_{hops}hop"] = sum(exact_match(r.answer, r.golden_answers) for r in rollouts) / len(
-                rollouts
-            )
+            row["answers"][hops] = [r.answer for r in rollouts]
             row[f"searches_{hops}hop"] = sum(r.stats["searches"] for r in rollouts) / len(rollouts)
+        scores = score_predictions(
+            [a for hops in held_out for a in row["answers"][hops]], golds, groups, seed=args.seed
+        )
+        row["scores"] = scores.to_dict()
+        for hops in held_out:
+            row[f"em_{hops}hop"] = scores.groups[str(hops)]["em"].value
         say(
-            f"eval {stage:>13}: EM 1-hop {row['em_1hop']:.3f}  EM 2-hop {row['em_2hop']:.3f}  "
+            f"eval {stage:>16}: EM 1-hop {scores.groups['1']['em'].format()}  "
+            f"EM 2-hop {scores.groups['2']['em'].format()}  "
             f"searches {row['searches_1hop']:.2f} / {row['searches_2hop']:.2f}"
         )
         return row
@@ -208,20 +216,50 @@ def main(argv: list[str] | None = None) -> int:
     if started_retriever:
         embedded.stop_apps([embedded.RETRIEVER_APP])
 
-    # 5. Report.
-    print("\nheld-out evaluation (greedy)")
-    print(f"{'stage':>18} | {'EM 1-hop':>8} | {'EM 2-hop':>8} | {'searches 1/2-hop':>16}")
+    # 5. Report: the table, RL's gain over the warm start on the same questions (paired bootstrap).
+    def flat(row: dict[str, Any]) -> list[str | None]:
+        return [a for hops in held_out for a in row["answers"][hops]]
+
+    gain = paired_gain(flat(table[1]), flat(table[2]), golds, groups, seed=args.seed)
+    rl_gain = {f"{hops}hop": gain.groups[str(hops)]["em"] for hops in held_out}
+    print("\nheld-out evaluation (greedy; EM [95% bootstrap interval])")
+    print(f"{'stage':>18} | {'EM 1-hop':>21} | {'EM 2-hop':>21} | {'searches 1/2-hop':>16}")
     for row in table:
+        ems = [Estimate(**row["scores"]["groups"][str(h)]["em"]).format() for h in held_out]
         print(
-            f"{row['stage']:>18} | {row['em_1hop']:8.3f} | {row['em_2hop']:8.3f} | "
+            f"{row['stage']:>18} | {ems[0]:>21} | {ems[1]:>21} | "
             f"{row['searches_1hop']:7.2f} / {row['searches_2hop']:.2f}"
         )
+    print(f"{'RL gain (paired)':>18} | {rl_gain['1hop'].format():>21} | {rl_gain['2hop'].format():>21} |")
     summary = {
-        "evaluation": table,
+        "evaluation": [{k: v for k, v in row.items() if k != "answers"} for row in table],
+        "held_out_questions_per_hop": {str(h): len(held_out[h]) for h in held_out},
+        "em": {row["stage"]: {f"{h}hop": row[f"em_{h}hop"] for h in held_out} for row in table},
+        "searches_per_episode": {
+            row["stage"]: {f"{h}hop": row[f"searches_{h}hop"] for h in held_out} for row in table
+        },
+        "rl_gain_2hop": rl_gain["2hop"].value,
+        "rl_gain_2hop_interval": [rl_gain["2hop"].low, rl_gain["2hop"].high],
+        "rl_gain_1hop": rl_gain["1hop"].value,
+        "rl_gain_1hop_interval": [rl_gain["1hop"].low, rl_gain["1hop"].high],
+        "rl_gain": gain.to_dict(),
         "grpo": history,
+        "settings": {k: v for k, v in vars(args).items() if k != "metrics_port"},
         "checkpoint": str(checkpoint),
         "seconds": time.perf_counter() - started,
     }
+    with open(out / "predictions.jsonl", "w") as handle:
+        for row in table:
+            for hops in held_out:
+                for record, answer in zip(held_out[hops], row["answers"][hops]):
+                    line = {
+                        "stage": row["stage"],
+                        "hops": hops,
+                        "uid": record.uid,
+                        "answer": answer,
+                        "golds": record.golden_answers,
+                    }
+                    handle.write(json.dumps(line) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(table, history, out / "training.png")
     say(f"checkpoint {checkpoint}; wrote {out / 'summary.json'} and {out / 'training.png'}")
@@ -244,11 +282,17 @@ def plot(table: list[dict[str, Any]], history: list[dict[str, Any]], path: Path)
     left.legend()
     stages = [row["stage"] for row in table]
     x = range(len(stages))
-    right.bar([i - 0.2 for i in x], [row["em_1hop"] for row in table], width=0.4, label="1-hop")
-    right.bar([i + 0.2 for i in x], [row["em_2hop"] for row in table], width=0.4, label="2-hop")
+    for offset, hops in ((-0.2, "1"), (0.2, "2")):
+        estimates = [row["scores"]["groups"][hops]["em"] for row in table]
+        values = [e["value"] for e in estimates]
+        errors = [
+            [v - e["low"] for v, e in zip(values, estimates)],
+            [e["high"] - v for v, e in zip(values, estimates)],
+        ]
+        right.bar([i + offset for i in x], values, width=0.4, yerr=errors, capsize=3, label=f"{hops}-hop")
     right.set_xticks(list(x), stages)
     right.set_ylim(0, 1)
-    right.set_title("held-out exact match")
+    right.set_title("held-out exact match (95% interval)")
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
