@@ -322,17 +322,19 @@ def test_deepspeed_checkpoint_then_resume_gives_the_identical_next_update(
     algo.save_to_path(str(tmp_path / "ckpt"))
     algo.train()
     expected = policy_weights(algo)
-    algo.stop()
-
-    resumed = Algorithm.from_checkpoint(str(tmp_path / "ckpt"))
-    resumed.train()
-    got = policy_weights(resumed)
-    assert learner_of(resumed).optimizer_steps == 2
     initial = {k.removeprefix("model."): v for k, v in policy_weights_of(model_dir).items()}
-    assert any(not torch.equal(got[k], v) for k, v in initial.items())  # it trained
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
-    resumed.stop()
+    assert any(not torch.equal(expected[k], v) for k, v in initial.items())  # it trained
+
+    algo.restore_from_path(str(tmp_path / "ckpt"))  # in place: into a running DeepSpeed engine
+    algo.train()
+    resumed = Algorithm.from_checkpoint(str(tmp_path / "ckpt"))  # a new run
+    resumed.train()
+    for run in (algo, resumed):
+        got = policy_weights(run)
+        assert learner_of(run).optimizer_steps == 2
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
+        run.stop()
 
 
 def policy_weights_of(model_dir: str) -> dict[str, torch.Tensor]:
