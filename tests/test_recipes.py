@@ -53,6 +53,17 @@ def test_paper_scale_presets_carry_the_papers_hyperparameters():
         search_r1_grpo(dataset="d", scale="huge")
 
 
+def test_paper_scale_gives_every_vllm_env_runner_a_gpu():
+    for name, recipe in RECIPES.items():
+        config = recipe(dataset="d")
+        assert config.engine == "vllm" and config.num_env_runners > 0, name
+        assert config.num_gpus_per_env_runner == 1 and config.num_gpus_per_learner == 1, name
+        config.validate_rollouts()
+    gpuless = search_r1_grpo(dataset="d").env_runners(num_gpus_per_env_runner=0)
+    with pytest.raises(ValueError, match="vLLM EnvRunners need a GPU each"):
+        gpuless.validate_rollouts()
+
+
 def test_cpu_scale_uses_the_bundled_models():
     for name, recipe in RECIPES.items():
         config = recipe(dataset="d", scale="cpu")

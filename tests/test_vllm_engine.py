@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 
 from rllib_search.llm.engines import SamplingParams, VLLMEngine
 from rllib_search.llm.engines.base import decode
-from rllib_search.llm.models import load_causal_lm
+from rllib_search.llm.models import engine_weights, load_causal_lm
 from rllib_search.llm.tiny import build_tiny_causal_lm
 from tests.test_hf_engine import STOPS, TARGET, chat_prompt, forward_logprobs, memorise
 
@@ -75,3 +75,11 @@ def test_load_weights_sleep_and_wake_up(engine, trained_path, tmp_path):
     engine.load_weights(other.state_dict())
     assert engine.weights_version == version + 1
     assert engine.generate(prefix, greedy)[0].token_ids != before.token_ids
+    # The colocated order: sleep, the learner trains, the new weights (one flat buffer of the plain
+    # model's parameter names) wake the weights only, then wake_up brings the KV cache back.
+    trained, _ = load_causal_lm(str(trained_path), device="cpu", dtype=torch.float32)
+    engine.sleep()
+    engine.load_weights(engine_weights(trained, "float32"))
+    assert engine.asleep and not engine.weights_asleep
+    engine.wake_up()
+    assert engine.generate(prefix, greedy)[0].token_ids == before.token_ids

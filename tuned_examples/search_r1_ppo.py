@@ -1,7 +1,8 @@
 """Search-R1 PPO (arXiv 2503.09516, section 4.3; ``recipes/search_r1.py`` holds the hyperparameters).
 
 ``config`` below is the paper's run: Qwen2.5-3B with a value head, one response per prompt, 512 prompts an
-iteration, actor lr 1e-6 (95% warmup), critic lr 1e-5, GAE gamma = lambda = 1, KL 0.001 in the reward.
+iteration, actor lr 1e-6 (95% warmup), critic lr 1e-5, GAE gamma = lambda = 1, KL 0.001 in the reward; 4
+vLLM EnvRunners and 4 learners with a GPU each (``recipes/scales.py``).
 
     RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
         python tuned_examples/search_r1_ppo.py --data nq_hotpotqa_train.parquet --held-out test.parquet

@@ -9,7 +9,9 @@ One training step:
    PPO's raw outcome reward (its GAE needs the critic, so it runs in the learner);
 3. **learner_group.update** on the padded batch: reference log-probs, values, token advantages and the
    masked loss happen in :class:`~rllib_search.algos.learner.SearchLearner`;
-4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along);
+4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along; for vLLM the
+   learner sends one flat buffer of merged, plainly named weights). With ``rollouts(colocate=True)`` every
+   engine sleeps from the end of step 1 until the sync is done, so a learner sharing its GPU has the memory;
 5. **metrics** through RLlib's MetricsLogger (``env_runners/...``, ``learners/...``) for Tune's loggers;
    after ``train()`` a callback publishes them as Ray metrics for the dashboard and Prometheus
    (``dashboard_metrics.py``, on unless ``config.dashboard_metrics(enabled=False)``);
@@ -129,6 +131,8 @@ class SearchAlgorithm(Algorithm):
 
     def training_step(self) -> None:
         rollouts = self.sample_rollouts()
+        if self.config.colocate:  # the learners get the GPU memory until the new weights are in the engines
+            self._foreach_runner(lambda runner: runner.release_engine())
         batch = train_batch(rollouts, self.config, self._pad_token_id())
         self.metrics.log_value(
             (LEARNER_RESULTS, "batch_tokens"), int(sum(len(r) for r in rollouts)), reduce="sum"
@@ -156,6 +160,8 @@ class SearchAlgorithm(Algorithm):
             self.env_runner_group.sync_weights(
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
+        if self.config.colocate:
+            self._foreach_runner(lambda runner: runner.restore_engine())
         self._advance_reward_schedule()
         if (
             self.config.held_out_dataset is not None
@@ -200,6 +206,11 @@ class SearchAlgorithm(Algorithm):
                 schedule.index,
                 schedule.stage.reward,
             )
+
+    def _foreach_runner(self, func: Any) -> list[Any]:
+        """``func`` on every sampling EnvRunner (the local one when there are no remote ones), waited for."""
+        group = self.env_runner_group
+        return group.foreach_env_runner(func, local_env_runner=group.num_remote_env_runners() == 0)
 
     def sample_rollouts(self) -> list[Rollout]:
         """One ``sample()`` from every EnvRunner (in the reward schedule's current stage); their metrics go

@@ -17,6 +17,15 @@ For models whose optimizer state does not fit one device (``deepspeed={...}`` in
 - ``apply_gradients``: the guard looks at the loss, from which every bad gradient comes; then the
   warmup's learning rates and ``engine.step()``.
 
+- ``get_state`` / ``set_state``: RLlib checkpoints the module and the (base) optimizer's state; ZeRO also
+  keeps fp32 master partitions of the weights, which are saved beside them and put back on resume (or,
+  when only module weights arrive, rebuilt from them: ``refresh_fp32_params``). RLlib checkpoints learner
+  0 only, and ZeRO partitions the optimizer state per learner, so resuming a multi-learner DeepSpeed run
+  is refused with an error rather than loading learner 0's partition everywhere.
+
+ZeRO-3 is refused at config validation (``SearchConfig.validate_training``): scoring, the frozen reference,
+the weight sync and the export read the policy's whole parameters, which ZeRO-3 partitions.
+
 On CPU it runs with ``DS_ACCELERATOR=cpu`` over gloo (a world of one for a local learner).
 """
 
@@ -28,13 +37,15 @@ import socket
 from typing import Any
 
 import torch
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.rl_module.rl_module import RLModule
 from ray.rllib.utils.annotations import override
 
 from rllib_search.algos.learner import POLICY_OPTIMIZER
 from rllib_search.algos.torch_learner import SearchTorchLearner
+
+FP32_MASTER = "deepspeed_fp32_master"
 
 
 def _init_distributed() -> None:
@@ -162,3 +173,46 @@ class SearchDeepSpeedLearner(SearchTorchLearner):
     @override(SearchTorchLearner)
     def step_optimizers(self, gradients_dict: dict) -> None:
         self.engine.step()
+
+    # --- state: ZeRO's fp32 master partitions ---------------------------------------------------------
+    def _fp32_partitions(self) -> list[torch.Tensor]:
+        """This learner's fp32 master partitions (ZeRO-1/2's, or the bf16 optimizer's)."""
+        optimizer = self.engine.optimizer
+        for name in ("single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
+            if hasattr(optimizer, name):
+                return list(getattr(optimizer, name))
+        return []
+
+    @override(SearchTorchLearner)
+    def get_state(
+        self, components: Any = None, *, not_components: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        wanted = self._check_component(COMPONENT_OPTIMIZER, components, not_components)
+        if self.engine is not None and wanted and not kwargs.get("inference_only"):
+            state[FP32_MASTER] = {
+                "world_size": torch.distributed.get_world_size(),
+                "partitions": [p.detach().cpu().clone() for p in self._fp32_partitions()],
+            }
+        return state
+
+    @override(SearchTorchLearner)
+    def set_state(self, state: dict[str, Any]) -> None:
+        world = torch.distributed.get_world_size() if self.engine is not None else 1
+        if self.engine is not None and world > 1 and (COMPONENT_OPTIMIZER in state or FP32_MASTER in state):
+            raise ValueError(
+                "resuming a DeepSpeed run with several learners is not supported: RLlib checkpoints learner "
+                "0's state only, and ZeRO partitions the optimizer state across learners (resume with one "
+                "learner, or load the module weights alone)"
+            )
+        super().set_state(state)
+        if self.engine is None:
+            return
+        saved = state.get(FP32_MASTER)
+        partitions = self._fp32_partitions()
+        if saved is not None and len(saved["partitions"]) == len(partitions):
+            with torch.no_grad():
+                for target, value in zip(partitions, saved["partitions"], strict=True):
+                    target.copy_(torch.as_tensor(value))
+        elif COMPONENT_RL_MODULE in state and hasattr(self.engine.optimizer, "refresh_fp32_params"):
+            self.engine.optimizer.refresh_fp32_params()  # the masters follow the weights just loaded

@@ -16,6 +16,13 @@
 It returns :class:`~rllib_search.algos.rollout.Rollout` records (token ids, loss mask, sampled log-probs,
 turn spans, reward breakdown, group id, weights version). ``set_state`` loads the learner's weights into
 the engine in place and bumps the weights version; metrics go through RLlib's ``MetricsLogger``.
+
+One policy copy per runner: with the HF engine the engine shares the runner's LLMRLModule (in bf16 on a
+GPU: it only generates); with vLLM the runner builds no HF model at all (``self.module`` is None, the
+tokenizer comes from the resolved model path) and the learner sends vLLM-ready weights
+(:class:`~rllib_search.llm.weight_sync.FlatWeights`: LoRA merged, the plain model's own names, the engine's
+dtype). ``release_engine`` / ``restore_engine`` put the engine to sleep while a colocated learner trains
+(``config.rollouts(colocate=True)``).
 """
 
 from __future__ import annotations
@@ -83,14 +90,24 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     # --- construction ---------------------------------------------------------------------------------
     def make_module(self) -> None:
-        """The policy: an LLMRLModule built from the config's RLModule spec (inference only)."""
+        """The policy: an LLMRLModule built from the config's RLModule spec (inference only), or, when vLLM
+        generates, only its tokenizer (vLLM holds the weights; see the module docstring)."""
         from gymnasium import spaces
 
-        from rllib_search.llm.models import load_tokenizer
+        from rllib_search.algos.rl_module import DEFAULT_MODEL_CONFIG
+        from rllib_search.llm.models import default_device, load_tokenizer, resolve_model_path
 
+        model_config = dict(self.config.model_config)
+        self.model_name = str(model_config.get("model", DEFAULT_MODEL_CONFIG["model"]))
+        if self.config.engine == "vllm":
+            self.module = None
+            self.tokenizer = load_tokenizer(resolve_model_path(self.model_name))
+            return
+        if model_config.get("dtype") is None and str(model_config.get("device") or default_device()) != "cpu":
+            model_config["dtype"] = "bfloat16"  # the runner's copy only generates: bf16 on a GPU
         spec = self.config.get_default_rl_module_spec()
-        spec.model_config = self.config.model_config
-        vocab = len(load_tokenizer(spec.model_config["model"]))
+        spec.model_config = model_config
+        vocab = len(load_tokenizer(self.model_name))
         spec.observation_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
         spec.action_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
         self.module = spec.build()
@@ -101,9 +118,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """R-Search's judge must be of another model family than the policy (see ``llm/family.py``)."""
         from rllib_search.llm.family import SameFamilyJudgeError
 
-        model = self.module.llm_config["model"]
+        model = self.model_name
         try:
-            warning = check_judge_family(self.judge, self.module.model.config, model, spec)
+            if self.module is not None:
+                model_config = self.module.model.config
+            else:
+                from transformers import AutoConfig
+
+                from rllib_search.llm.models import resolve_model_path
+
+                model_config = AutoConfig.from_pretrained(resolve_model_path(model))
+            warning = check_judge_family(self.judge, model_config, model, spec)
         except SameFamilyJudgeError:
             raise
         except Exception as error:  # an unreachable judge is the run's problem later (counted), not here
@@ -115,10 +140,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         options = dict(self.config.engine_options)
         if self.config.engine == "vllm":
             from rllib_search.llm.engines.vllm import VLLMEngine
-            from rllib_search.llm.models import resolve_model_path
 
-            model = options.pop("model", resolve_model_path(self.module.llm_config["model"]))
-            return VLLMEngine(model, **options)
+            return VLLMEngine(options.pop("model", self.model_name), **options)  # it resolves aliases
         from rllib_search.llm.engines.hf import HFEngine
         from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 
@@ -272,13 +295,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if isinstance(weights, dict) and DEFAULT_MODULE_ID in weights:
             weights = weights[DEFAULT_MODULE_ID]
         if weights is not None:
-            self.module.set_state(weights)
-            if self.config.engine == "hf":  # the HF engine shares the module's tensors: only drop its caches
-                self.engine.reset_cache()
-            else:  # vLLM holds the plain architecture: LoRA adapters go in merged
-                from rllib_search.llm.models import merged_state_dict
-
-                self.engine.load_weights(merged_state_dict(self.module.model))
+            if self.module is not None:
+                self.module.set_state(weights)
+                self.engine.reset_cache()  # the HF engine shares the module's tensors: only drop its caches
+            else:
+                self.engine.load_weights(self._engine_weights(weights))
             version = state.get("weights_version", state.get(WEIGHTS_SEQ_NO))
             self.weights_version = int(version) if version is not None else self.weights_version + 1
         if "reward_stage" in state and int(state["reward_stage"]) != self.reward_stage:
@@ -288,6 +309,26 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._sampler.set_state(position)
             self._draws = position["draws"]
             self._sample_calls = int(position.get("sample_calls", self._sample_calls))
+
+    @staticmethod
+    def _engine_weights(weights: Any) -> Any:
+        """What vLLM loads: the learner's FlatWeights (see ``SearchTorchLearner.get_state``)."""
+        from rllib_search.llm.weight_sync import FlatWeights
+
+        if not isinstance(weights, FlatWeights):
+            raise TypeError(
+                "a vLLM EnvRunner takes FlatWeights (the learner's get_state(inference_only=True) with "
+                f"engine='vllm', or rllib_search.llm.models.engine_weights(model)), got {type(weights)}"
+            )
+        return weights
+
+    def release_engine(self) -> None:
+        """Free the engine's accelerator memory for a colocated learner update (vLLM: sleep)."""
+        self.engine.sleep()
+
+    def restore_engine(self) -> None:
+        """Take the accelerator memory back after the update and the weight sync (vLLM: wake up)."""
+        self.engine.wake_up()
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Weights version, reward stage and data position (the weights live in the learner's checkpoint)."""

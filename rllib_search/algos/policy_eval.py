@@ -279,16 +279,13 @@ def build_runner(
     policy: Policy, retriever: Any, records: Sequence[QARecord], settings: EvalSettings, protocol: Protocol
 ) -> Any:
     """An LLMEnvRunner for greedy evaluation (no Algorithm, no Ray), with the policy's weights loaded."""
-    from ray.rllib.core import COMPONENT_RL_MODULE
+    from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 
     from rllib_search.algos.config import SearchConfig
     from rllib_search.algos.env_runner import LLMEnvRunner
     from rllib_search.env.search_env import ENV_ID
 
     model_config = dict(policy.model_config)
-    if settings.engine == "vllm" and model_config.get("device") is None:
-        # vLLM generates; the module only carries a checkpoint's weights to it, so it stays off the GPU.
-        model_config.update(device="cpu", dtype=model_config.get("dtype") or "bfloat16")
     env_config = {
         "retriever": retriever,
         "dataset": list(records),
@@ -310,12 +307,23 @@ def build_runner(
         .debugging(seed=settings.seed)
     )
     runner = LLMEnvRunner(config=config)
-    if policy.module_dir is not None:
+    if policy.module_dir is None:
+        return runner
+    if runner.module is not None:
         runner.module.restore_from_path(policy.module_dir)  # RLlib's own reader (pickle or msgpack)
-        # ... and into the engine (the HF engine shares the tensors and drops its caches; vLLM loads them).
-        runner.set_state(
-            {COMPONENT_RL_MODULE: runner.module.get_state(), "weights_version": policy.iteration or 0}
-        )
+        weights = runner.module.get_state()  # the HF engine shares the tensors and drops its caches
+    else:
+        # vLLM holds the only copy on the GPU: the checkpoint's module is read on the CPU, merged and sent.
+        from rllib_search.llm.models import engine_weights
+
+        spec = config.get_default_rl_module_spec()
+        spec.model_config = {**model_config, "device": "cpu"}
+        spec.observation_space, spec.action_space = runner.get_spaces()[DEFAULT_MODULE_ID]
+        module = spec.build()
+        module.restore_from_path(policy.module_dir)
+        weights = engine_weights(module.model, dict(settings.engine_options).get("dtype", "bfloat16"))
+        del module
+    runner.set_state({COMPONENT_RL_MODULE: weights, "weights_version": policy.iteration or 0})
     return runner
 
 

@@ -13,7 +13,9 @@ generated tokens); only those go through the vocabulary projection, the others r
 episode most positions are prompt and retrieved text, so this skips most of the projection and softmax.
 
 ``model_config`` keys (defaults in :data:`DEFAULT_MODEL_CONFIG`): ``model`` (hub name, local path or
-bundled alias), ``dtype`` / ``device`` (default: fp32 on CPU, bf16 on GPU), ``gradient_checkpointing``,
+bundled alias), ``dtype`` (default float32: the learner's weights are the fp32 master weights, and bf16
+compute comes from the learner's autocast; an EnvRunner's HF inference copy on a GPU loads in bf16),
+``device`` (default: the GPU when there is one), ``gradient_checkpointing``,
 ``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync),
 ``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
 in ``llm/models.py``), ``value_head``,
@@ -69,7 +71,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         model, self.tokenizer = load_causal_lm(
             config["model"],
             device=config["device"],
-            dtype=config["dtype"],
+            dtype=config["dtype"] or torch.float32,
             gradient_checkpointing=config["gradient_checkpointing"],
         )
         if config["train_top_layers"] is not None:

@@ -25,8 +25,16 @@ Reference model: a frozen copy of the initial policy held by this learner (on it
 the same model with its adapters switched off (no copy). It is built from ``model_config["model"]``, so a
 run that starts from a warm-started export uses that export as reference.
 
-Precision: weights stay in the module's dtype (fp32 on CPU); each micro-batch runs under bf16 autocast on
-GPU (``autocast``: None = on GPU only, True, False); log-probs, entropies and values are float32.
+Precision (mixed, as torch AMP): the trainable weights and so AdamW's moments are float32 master weights on
+every device (the module loads in fp32; ``optimizer_groups`` refuses anything else, since at Search-R1's lr
+of 1e-6 an update to a bf16 weight of magnitude 1e-2 is under half its ulp and rounds away); each
+micro-batch's forward and backward run under bf16 autocast on GPU (``autocast``: None = on GPU only, True,
+False); log-probs, entropies and values are float32. DeepSpeed's own ``bf16`` section is the other
+explicit setting (it keeps fp32 master partitions itself).
+
+Weights for a vLLM EnvRunner (``get_state(inference_only=True)`` with ``engine="vllm"``): one
+:class:`~rllib_search.llm.weight_sync.FlatWeights` of the plain model's own parameter names (LoRA merged),
+in the engine's dtype, instead of the module's state dict (see ``inference_weights``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
@@ -103,12 +111,51 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             if not policy.uses_lora:  # with LoRA the reference is the base model, adapters off
                 self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
 
+    # --- weights for the EnvRunners -------------------------------------------------------------------
+    @override(SearchLearner)
+    def get_state(
+        self,
+        components: Any = None,
+        *,
+        not_components: Any = None,
+        inference_only: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """RLlib's state; for a vLLM EnvRunner (``inference_only`` and ``engine="vllm"``: every weight sync,
+        restore and runner recovery goes through here) the module's part is :meth:`inference_weights`."""
+        vllm = inference_only and self.config.engine == "vllm"
+        if vllm and self._check_component(COMPONENT_RL_MODULE, components, not_components):
+            skip = [not_components] if isinstance(not_components, str) else list(not_components or [])
+            state = super().get_state(
+                components, not_components=[*skip, COMPONENT_RL_MODULE], inference_only=True, **kwargs
+            )
+            state[COMPONENT_RL_MODULE] = {DEFAULT_MODULE_ID: self.inference_weights()}
+            return state
+        return super().get_state(
+            components, not_components=not_components, inference_only=inference_only, **kwargs
+        )
+
+    def inference_weights(self) -> Any:
+        """The policy as vLLM loads it: the plain model's own parameter names (LoRA merged, no value head),
+        cast to the engine's dtype and packed into one buffer (``llm/weight_sync.py`` says why)."""
+        from rllib_search.llm.models import engine_weights
+
+        dtype = dict(self.config.engine_options).get("dtype", "bfloat16")
+        with torch.no_grad():
+            return engine_weights(self.policy().model, dtype)
+
     # --- optimizers and the learning rate -------------------------------------------------------------
     def optimizer_groups(self, module: Any) -> list[tuple[str, list[torch.Tensor], float]]:
         """(name, parameters, base lr) of the policy's trainable weights and of the value head, if any."""
         critic = list(module.value_head.parameters()) if module.value_head is not None else []
         critic_ids = {id(p) for p in critic}
         policy = [p for p in self.get_parameters(module) if p.requires_grad and id(p) not in critic_ids]
+        low = sorted({str(p.dtype) for p in policy + critic if p.dtype != torch.float32})
+        if low:
+            raise ValueError(
+                f"trainable weights in {low}: the learner keeps float32 master weights (bf16 compute comes "
+                "from autocast, or from DeepSpeed's bf16 section); leave model_config['dtype'] unset"
+            )
         groups = [(POLICY_OPTIMIZER, policy, float(self.config.lr))]
         if critic:
             groups.append((CRITIC_OPTIMIZER, critic, float(self.config.critic_lr)))

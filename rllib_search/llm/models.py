@@ -242,3 +242,23 @@ def merged_state_dict(model: Any) -> dict[str, Any]:
                         weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
                 merged[f"{name}.weight"] = weight
     return merged
+
+
+def merged_parameters(model: Any) -> dict[str, Any]:
+    """The parameters a plain model of ``model``'s base architecture has, under its own names and in its
+    ``named_parameters()`` order (tied weights once, no buffers), with LoRA merged: what vLLM's
+    ``load_weights`` expects. See :func:`merged_state_dict` for the merge."""
+    from peft import PeftModel
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    names = [name.replace(".base_layer.", ".") for name, _ in base.named_parameters() if "lora_" not in name]
+    merged = merged_state_dict(model)
+    return {name: merged[name] for name in names}
+
+
+def engine_weights(model: Any, dtype: Any = None) -> Any:
+    """:func:`merged_parameters` of ``model`` as one :class:`~rllib_search.llm.weight_sync.FlatWeights`
+    (floating-point tensors cast to ``dtype``, e.g. the engine's ``"bfloat16"``)."""
+    from rllib_search.llm.weight_sync import FlatWeights
+
+    return FlatWeights.pack(merged_parameters(model), dtype)

@@ -141,12 +141,17 @@ class HFEngine(Engine):
             )
         return segments
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor] | Any) -> None:
         """Copy tensors into the model in place, by the names of ``model.state_dict()``.
 
         A full state dict, or any part of one: the adapter weights of a peft model (``lora_state_dict``),
-        or merged weights for a plain model (``merged_state_dict``). Unknown names raise ``KeyError``.
+        or merged weights for a plain model (``merged_state_dict``), also packed as ``FlatWeights``.
+        Unknown names raise ``KeyError``.
         """
+        from rllib_search.llm.weight_sync import FlatWeights
+
+        if isinstance(state_dict, FlatWeights):
+            state_dict = state_dict.state_dict()
         targets = self.model.state_dict(keep_vars=True)
         unknown = [name for name in state_dict if name not in targets]
         if unknown:

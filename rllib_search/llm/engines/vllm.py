@@ -14,10 +14,20 @@ How it maps the :class:`Engine` contract onto vLLM:
 - stop strings are vLLM's own (``include_stop_str_in_output=True``, special tokens kept in the text),
   then the output goes through the same :func:`finish_segment` as the HF engine; EOS is vLLM's
   ``finish_reason == "stop"`` with no ``stop_reason``;
+- the model is a hub name or a local path; a bundled alias (``smollm2-135m-instruct``) is resolved to the
+  plain Hugging Face copy that ``llm/models.py`` converts once and caches, never passed to vLLM as is;
 - weights are updated in place through ``LLM.collective_rpc`` and a worker extension
-  (:class:`WeightLoaderExtension`) that hands ``(name, tensor)`` pairs to the model's own
-  ``load_weights``, which maps Hugging Face names onto vLLM's fused layers; the prefix cache is reset
-  afterwards, since cached keys and values belong to the old weights.
+  (:class:`WeightLoaderExtension`): they travel as ONE flat buffer
+  (:class:`~rllib_search.llm.weight_sync.FlatWeights`, one raw tensor for vLLM's serialiser instead of
+  one pickled tensor per parameter), which the worker moves to its GPU in one copy and hands, as views
+  named like the plain Hugging Face model's parameters, to the model's own ``load_weights`` (it maps them
+  onto vLLM's fused layers and shards them). LoRA policies arrive merged (the learner merges them), so
+  vLLM runs the plain architecture at full speed and needs no ``enable_lora``. The prefix cache is reset
+  afterwards, since cached keys and values belong to the old weights;
+- sleep mode (``enable_sleep_mode=True``, vLLM's documented RL pattern): :meth:`sleep` releases the GPU
+  memory while a colocated learner trains (``sleep_level`` 1 offloads the weights to CPU memory, 2 drops
+  them: every sync sends all weights, so 2 saves the copy); :meth:`load_weights` while asleep first wakes
+  the weights only (``wake_up(tags=["weights"])``), and :meth:`wake_up` then brings the KV cache back.
 """
 
 from __future__ import annotations
@@ -28,11 +38,26 @@ from typing import Any
 import torch
 
 from rllib_search.llm.engines.base import Engine, SamplingParams, Segment, finish_segment
+from rllib_search.llm.weight_sync import FlatWeights
+
+
+def llm_arguments(model: str, **kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``model``: a bundled alias resolved to its converted
+    copy (exported once, then cached), the processed log-probs mode and our worker extension."""
+    from rllib_search.llm.models import resolve_model_path
+
+    return {
+        "model": resolve_model_path(model),
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": f"{__name__}.WeightLoaderExtension",
+        **kwargs,
+    }
 
 
 class VLLMEngine(Engine):
-    """Generate with vLLM on a GPU. ``model`` is a hub name or a local path (for a bundled alias, the
-    converted copy that ``load_causal_lm`` saved); ``llm_kwargs`` go to ``vllm.LLM``."""
+    """Generate with vLLM on a GPU. ``model`` is a hub name, a local path or a bundled alias (resolved to
+    its converted copy); ``sleep_level`` is what :meth:`sleep` asks of vLLM; ``llm_kwargs`` go to
+    ``vllm.LLM``."""
 
     def __init__(
         self,
@@ -41,22 +66,30 @@ class VLLMEngine(Engine):
         dtype: str = "bfloat16",
         gpu_memory_utilization: float = 0.5,
         enable_sleep_mode: bool = True,
+        sleep_level: int = 1,
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
         from transformers import AutoTokenizer
         from vllm import LLM
 
-        self.llm = LLM(
-            model=model,
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2 (vLLM's sleep levels), got {sleep_level}")
+        self.dtype = dtype
+        self.sleep_level = sleep_level
+        self.sleep_mode = enable_sleep_mode
+        self.asleep = False  # the KV cache (and, until load_weights or wake_up, the weights) released
+        self.weights_asleep = False
+        arguments = llm_arguments(
+            model,
             dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=enable_sleep_mode,
             seed=seed,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.WeightLoaderExtension",
             **llm_kwargs,
         )
+        self.llm = LLM(**arguments)
+        model = arguments["model"]
         self.tokenizer = AutoTokenizer.from_pretrained(model)  # decodes for stop strings, as HFEngine does
         self.weights_version = 0
 
@@ -69,6 +102,8 @@ class VLLMEngine(Engine):
     ) -> list[Segment]:
         """One ``LLM.generate`` for the rows, each with its own ``vllm.SamplingParams``."""
         from vllm import SamplingParams as VLLMSamplingParams
+
+        self.wake_up()  # a no-op when awake: never generate from released memory
 
         sampling = [
             VLLMSamplingParams(
@@ -95,25 +130,52 @@ class VLLMEngine(Engine):
             segments.append(finish_segment(ids, logprobs, self.tokenizer, params.stop, ended_with_eos))
         return segments
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load Hugging Face-named weights (a full or merged state dict) into every worker, in place."""
-        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state_dict.items()]
-        self.llm.collective_rpc("rllib_search_load_weights", args=(weights,))
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor] | FlatWeights) -> None:
+        """Load weights named like the plain Hugging Face model's parameters (a full or merged state dict,
+        or the learner's :class:`FlatWeights`) into every worker, in place; asleep, the weights wake
+        first (the KV cache stays released until :meth:`wake_up`)."""
+        flat = state_dict if isinstance(state_dict, FlatWeights) else FlatWeights.pack(state_dict)
+        if self.weights_asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.weights_asleep = False
+        buffer = torch.from_numpy(flat.buffer)
+        shapes = [list(shape) for shape in flat.shapes]
+        self.llm.collective_rpc(
+            "rllib_search_load_flat_weights", args=(buffer, flat.names, flat.dtypes, shapes, flat.offsets)
+        )
         self.llm.reset_prefix_cache()
         self.weights_version += 1
 
     def sleep(self) -> None:
-        """Offload the weights to CPU memory and drop the KV cache (vLLM sleep level 1)."""
-        self.llm.sleep(level=1)
+        """Release the GPU memory (``LLM.sleep(level=sleep_level)``); a no-op without sleep mode or asleep."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = self.weights_asleep = True
 
     def wake_up(self) -> None:
-        """Bring the weights back and reallocate the KV cache."""
-        self.llm.wake_up()
+        """Reallocate what :meth:`sleep` released (the KV cache only, when ``load_weights`` already woke the
+        weights); a no-op when awake."""
+        if self.asleep:
+            self.llm.wake_up(tags=None if self.weights_asleep else ["kv_cache"])
+            self.asleep = self.weights_asleep = False
 
 
 class WeightLoaderExtension:
     """Mixed into each vLLM worker (``worker_extension_cls``); ``collective_rpc`` calls its method by name."""
 
-    def rllib_search_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """Hand the weights to the model's own loader (it places and shards them on this worker)."""
-        self.model_runner.model.load_weights(weights=weights)
+    def rllib_search_load_flat_weights(
+        self,
+        buffer: torch.Tensor,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        offsets: list[int],
+    ) -> None:
+        """Move the flat buffer to this worker's GPU in one copy and hand views of it to the model's own
+        loader (it places and shards them on this worker)."""
+        model = self.model_runner.model
+        device = next(model.parameters()).device
+        flat = FlatWeights(
+            list(names), list(dtypes), [tuple(s) for s in shapes], list(offsets), buffer.numpy()
+        )
+        model.load_weights(weights=flat.tensors(device))
