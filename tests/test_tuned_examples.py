@@ -41,6 +41,15 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [row["stage"] for row in summary["evaluation"]] == ["before", "after warm start", "after RL"]
     assert len(summary["grpo"]) == 2
+    low, high = summary["rl_gain_2hop_interval"]
+    assert low <= summary["rl_gain_2hop"] <= high
+    stages = summary["em"]
+    assert summary["rl_gain_2hop"] == pytest.approx(
+        stages["after RL"]["2hop"] - stages["after warm start"]["2hop"]
+    )
+    assert set(summary["searches_per_episode"]["after RL"]) == {"1hop", "2hop"}
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 3 * 2 * 2  # stages x hop counts x questions per hop count
     assert (out / "training.png").stat().st_size > 0
     assert (out / "warm_start_model" / "config.json").exists()
 

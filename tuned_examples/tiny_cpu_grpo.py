@@ -54,7 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-lr", type=float, default=8e-5)
     p.add_argument("--rl-iterations", type=int, default=5)
     p.add_argument("--prompts", type=int, default=4, help="questions per GRPO iteration")
-    p.add_argument("--rl-hops", default="1", help="hop counts of the RL questions, e.g. 1 or 1,2")
+    p.add_argument("--rl-two-hop", type=int, default=400, help="2-hop questions in the RL set")
+    p.add_argument("--rl-one-hop", type=int, default=100, help="1-hop questions mixed into the RL set")
+    p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
     p.add_argument("--minibatch", type=int, default=8, help="episodes per optimizer step (GRPO)")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--rl-lr", type=float, default=3e-5)
@@ -157,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     demo_questions = by_hops[1][: args.demonstrations] + by_hops[2][: args.two_hop_demonstrations]
     # RL questions: training questions of the chosen hop counts that were never demonstrated.
     demonstrated = {record.uid for record in demo_questions}
-    rl_hops = {int(h) for h in args.rl_hops.split(",")}
-    rl_questions = [r for r in train if r.extra["num_hops"] in rl_hops and r.uid not in demonstrated]
+    undemonstrated = {h: [r for r in by_hops[h] if r.uid not in demonstrated] for h in (1, 2)}
+    rl_questions = undemonstrated[2][: args.rl_two_hop] + undemonstrated[1][: args.rl_one_hop]
     demos = teacher_rollouts(tokenizer, client, demo_questions, SearchEnvConfig.from_dict(env_settings))
     say(
         f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     # 4. GRPO from the warm start on 2-hop questions.
     grpo_config = (
         base_config(SearchGRPOConfig, str(warm_dir), rl_questions)
+        .rl_module(model_config={"model": str(warm_dir), "train_top_layers": args.rl_top_layers})
         .rollouts(group_size=args.group_size, prompts_per_sample=args.prompts)
         .training(
             lr=args.rl_lr,
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             "searches": runners["searches_per_episode"],
             "generation_tokens_per_s": runners["generation_tokens_per_s"],
             "trained_tokens_per_s": learner["trained_tokens_per_s"],
-            "kl": learner["default_policy"]["kl"],
+            "kl": learner["default_policy"].get("kl", 0.0),  # absent when kl_coeff is 0
         }
         history.append(row)
         say(
