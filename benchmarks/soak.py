@@ -194,12 +194,14 @@ def plot(
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     ordered = sorted(series.items(), key=lambda kv: -max(v for _, v in kv[1]))
-    for label, points in ordered:
+    colors = plt.get_cmap("tab20")
+    for k, (label, points) in enumerate(ordered):
         iterations, values = zip(*points)
-        left.plot(iterations, values, marker=".", label=label)
-        base = next((v for i, v in points if i >= warmup), None)
-        if base is not None:
-            right.plot(iterations, [v - base for v in values], marker=".", label=label)
+        style = {"marker": ".", "label": label, "color": colors(k % 20)}
+        left.plot(iterations, values, **style)
+        after = [(i, v) for i, v in points if i >= warmup]
+        if after:
+            right.plot([i for i, _ in after], [v - after[0][1] for _, v in after], **style)
     for axis in (left, right):
         axis.axvline(warmup, color="gray", linestyle=":", linewidth=1)
         axis.set_xlabel("iteration")
@@ -209,6 +211,7 @@ def plot(
     right.axhline(bound, color="tab:red", linestyle="--", linewidth=1, label=f"bound {bound:g} MB")
     right.axhline(-bound, color="tab:red", linestyle="--", linewidth=1)
     right.set_ylabel("RSS change from the warm-up point, MB")
+    right.set_ylim(-1.2 * bound, 1.2 * bound)
     right.set_title("growth after warm-up (per group)", fontsize=9)
     right.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
