@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "iterations": args.iterations,
         "rss_growth_mb": rss["max"],
         "rss_growth_max_process": rss["max_process"],
-        "rss_trend_max_mb_per_100_iterations": max(rss["trend_mb_per_100_iterations"].values()),
+        "rss_trend_max_mb_per_100_iterations": max(rss["trend_mb_per_100_iterations"].values(), default=None),
         "uss_growth_mb": uss["max"],
         "rss_growth_bound_mb": args.bound_mb,
         "passed": passed,
