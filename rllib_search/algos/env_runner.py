@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import ray
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
@@ -292,6 +293,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Take the learner's weights (``{COMPONENT_RL_MODULE: {module_id: weights}}`` or the weights
         themselves) into the module and engine in place; ``weights_version`` in ``state`` wins, else +1."""
         weights = state.get(COMPONENT_RL_MODULE)
+        if isinstance(weights, ray.ObjectRef):  # RLlib puts the weights in the object store once for all
+            weights = ray.get(weights)
         if isinstance(weights, dict) and DEFAULT_MODULE_ID in weights:
             weights = weights[DEFAULT_MODULE_ID]
         if weights is not None:
