@@ -108,3 +108,58 @@ class KillsItsRunnerOnce:
 
             self._bm25 = BM25Retriever(list(iter_passages(read_corpus(self.corpus))))
         return self._bm25.search(queries, topk)
+
+
+class KillsReplicasOnce:
+    """The Serve retriever client of ``spec`` (``{"type": "serve", ...}``) that, at its first search (in
+    the middle of a rollout), kills every replica of the retriever deployment (``ray.kill``; Serve's
+    controller starts new ones) and then searches as usual: that turn's queries must be retried until a
+    new replica answers. ``killed`` names the replicas it killed; ``stats`` are the client's."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = dict(spec)
+        self.killed: list[str] = []
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from rllib_search.serve.client import build_retriever
+
+            self._client = build_retriever(self.spec)
+        return self._client
+
+    @property
+    def stats(self) -> Any:
+        return self.client.stats
+
+    def search(self, queries: Any, topk: int) -> Any:
+        if not self.killed:
+            self.killed = kill_retriever_replicas()
+        return self.client.search(queries, topk)
+
+
+def retriever_replicas() -> list[str]:
+    """The names of the retriever deployment's live replica actors."""
+    import ray
+
+    from rllib_search.serve.retriever import DEPLOYMENT_NAME
+
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve"
+        and DEPLOYMENT_NAME in actor["name"]
+        and "REPLICA" in actor["name"].upper()
+    ]
+
+
+def kill_retriever_replicas() -> list[str]:
+    """Kill every replica of the retriever deployment (no restart of those actors); returns their names."""
+    import ray
+
+    names = retriever_replicas()
+    assert names, "no retriever replica found"
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    return names

@@ -5,6 +5,8 @@ The driver killed with SIGKILL and resumed is in ``test_learner.py`` (the resume
 
 from __future__ import annotations
 
+import itertools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +112,69 @@ def test_two_remote_runners_shard_sync_aggregate_resume_and_survive_a_kill(
         assert on_runners(resumed, lambda runner: runner.weights_version) == {1: 2, 2: 2}
     finally:
         resumed.stop()
+
+
+def test_retriever_replicas_killed_mid_rollout_lose_no_episode(service, searching_model, world, corpus):
+    from ray import serve
+
+    from rllib_search.serve.retriever import APP_NAME
+    from tests.helpers import KillsReplicasOnce, retriever_replicas
+
+    config = make_config(SearchGRPOConfig, searching_model, world, corpus).rollouts(max_turn_tokens=24)
+    spec = {"type": "serve", "timeout_s": 20, "max_retries": 10, "backoff_s": 0.25}
+    config.env_config["retriever"] = KillsReplicasOnce(spec)
+    algo = config.build_algo()
+    try:
+        results = [algo.train()["env_runners"] for _ in range(2)]
+        killed = algo.env_runner.retriever.killed
+    finally:
+        algo.stop()
+    assert len(killed) == 2  # both replicas died during the first iteration's first search
+    for runners in results:
+        assert runners["num_episodes"] == 4 and runners["searches_per_episode"] > 0
+        assert runners["retriever_errors"] == 0  # every query answered: no episode saw a failed search
+    assert sum(runners["retriever_retries"] for runners in results) >= 1
+    # Serve replaced them (and the session's service is whole again for the tests after this one).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = serve.status().applications[APP_NAME].deployments
+        replicas = retriever_replicas()
+        if all(d.status == "HEALTHY" for d in status.values()) and len(replicas) == 2:
+            break
+        time.sleep(1)
+    assert len(replicas) == 2 and not set(replicas) & set(killed)
+
+
+def test_a_nan_loss_mid_run_is_skipped_reported_and_training_goes_on(
+    ray_cluster, searching_model, world, corpus, monkeypatch
+):
+    """A reward that turns NaN for one episode of the second iteration (a broken reward server, say)
+    makes that iteration's loss NaN: the learner's guard skips the update and counts it; the next
+    iteration trains as usual."""
+    from rllib_search.env import rewards
+
+    scored = []
+
+    def nan_once(response, golds, config):
+        scored.append(1)
+        breakdown = rewards.search_r1_reward(response, golds, config)
+        return rewards.RewardBreakdown(float("nan"), breakdown.components) if len(scored) == 5 else breakdown
+
+    monkeypatch.setitem(rewards.REWARDS, "nan_once", (nan_once, rewards.SearchR1RewardConfig))
+    config = make_config(SearchGRPOConfig, searching_model, world, corpus).rollouts(max_turn_tokens=24)
+    config.env_config["reward"] = "nan_once"  # the local EnvRunner scores in this process
+    algo = config.build_algo()
+    try:
+        learners, steps, weights = [], [], [policy_weights(algo)]
+        for _ in range(3):
+            learners.append(algo.train()["learners"]["default_policy"])
+            steps.append(algo.learner_group._learner.optimizer_steps)
+            weights.append(policy_weights(algo))
+    finally:
+        algo.stop()
+    assert len(scored) == 12  # three iterations of 4 episodes; the 5th (iteration 2) scored NaN
+    assert [row["skipped_updates"] for row in learners] == [0, 1, 0]
+    assert steps == [1, 1, 2]
+    unchanged = [all(torch.equal(a[k], b[k]) for k in a) for a, b in itertools.pairwise(weights)]
+    assert unchanged == [False, True, False]  # trained, skipped, trained
+    assert all(np.isfinite(row["policy_loss"]) for row in (learners[0], learners[2]))
