@@ -6,6 +6,7 @@ The driver killed with SIGKILL and resumed is in ``test_learner.py`` (the resume
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -178,3 +179,30 @@ def test_a_nan_loss_mid_run_is_skipped_reported_and_training_goes_on(
     unchanged = [all(torch.equal(a[k], b[k]) for k in a) for a, b in itertools.pairwise(weights)]
     assert unchanged == [False, True, False]  # trained, skipped, trained
     assert all(np.isfinite(row["policy_loss"]) for row in (learners[0], learners[2]))
+
+
+def test_the_recipe_job_resumes_from_its_newest_checkpoint(
+    ray_cluster, searching_model, world, corpus, tmp_path
+):
+    """The tuned examples' job runner: ``--checkpoint-every 1 --keep-last 2``, then ``--resume`` to a later
+    iteration count continues from the newest checkpoint with the rows written before it."""
+    from rllib_search.data.formats import write_qa_jsonl
+    from rllib_search.recipes.jobs import RecipeJob, job_arguments
+
+    questions = tmp_path / "questions.jsonl"
+    write_qa_jsonl(world.train, questions)
+    common = ["--out", str(tmp_path / "out"), "--data", str(questions), "--seed", "11"]
+    common += ["--checkpoint-every", "1", "--keep-last", "2"]
+    parser = job_arguments("a tiny GRPO run", iterations=2)
+    with RecipeJob("tiny", parser.parse_args(common)) as job:
+        first = job.train(make_config(SearchGRPOConfig, searching_model, world, corpus))
+    history = tmp_path / "out" / "history.jsonl"
+    history.write_text(history.read_text() + '{"iteration": 3, "rew')  # a line that a kill cut short
+    with RecipeJob("tiny", parser.parse_args([*common, "--resume", "--iterations", "3"])) as job:
+        resumed = job.train(make_config(SearchGRPOConfig, searching_model, world, corpus))
+    assert [row["iteration"] for row in first["iterations"]] == [1, 2]
+    assert json.dumps(resumed["iterations"][:2]) == json.dumps(first["iterations"])  # NaN rows too
+    assert [row["iteration"] for row in resumed["iterations"]] == [1, 2, 3]
+    checkpoints = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    assert checkpoints == ["checkpoint_000002", "checkpoint_000003"]
+    assert Path(resumed["checkpoint"], "learner_group").is_dir()

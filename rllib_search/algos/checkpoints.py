@@ -58,21 +58,28 @@ class PeriodicCheckpoints:
         """Write ``algo`` as ``checkpoint_<iteration>`` atomically, then drop checkpoints beyond
         ``keep_last`` and leftovers of interrupted saves."""
         root = Path(self.directory).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        for leftover in root.glob(f"{TEMP_PREFIX}*"):  # a save that a kill interrupted
-            shutil.rmtree(leftover, ignore_errors=True)
-        final = root / f"{PREFIX}{iteration:06d}"
-        temp = root / f"{TEMP_PREFIX}{final.name}-{os.getpid()}"
-        algo.save_to_path(str(temp))
-        _fsync_tree(temp)
-        if final.exists():  # the same iteration saved before (a resumed run repeating it): replace it
-            shutil.rmtree(final)
-        os.rename(temp, final)
-        _fsync(root)
+        final = save_atomically(algo, root / f"{PREFIX}{iteration:06d}")
         if self.keep_last > 0:
             for old in checkpoints(root)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         return final
+
+
+def save_atomically(algo: Any, path: str | Path) -> Path:
+    """``algo.save_to_path`` into a temporary directory beside ``path``, renamed to ``path`` once complete
+    (an older checkpoint there is replaced); removes what interrupted saves left beside it."""
+    final = Path(path).resolve()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in final.parent.glob(f"{TEMP_PREFIX}*"):  # a save that a kill interrupted
+        shutil.rmtree(leftover, ignore_errors=True)
+    temp = final.parent / f"{TEMP_PREFIX}{final.name}-{os.getpid()}"
+    algo.save_to_path(str(temp))
+    _fsync_tree(temp)
+    if final.exists():  # the same iteration saved before (a resumed run repeating it), or a final save
+        shutil.rmtree(final)
+    os.rename(temp, final)
+    _fsync(final.parent)
+    return final
 
 
 def _fsync(path: Path) -> None:
