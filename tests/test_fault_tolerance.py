@@ -206,3 +206,13 @@ def test_the_recipe_job_resumes_from_its_newest_checkpoint(
     checkpoints = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
     assert checkpoints == ["checkpoint_000002", "checkpoint_000003"]
     assert Path(resumed["checkpoint"], "learner_group").is_dir()
+
+
+def test_the_latest_checkpoint_is_never_a_half_written_one(tmp_path):
+    from rllib_search.algos.checkpoints import checkpoints, latest_checkpoint
+
+    assert latest_checkpoint(tmp_path / "none") is None
+    for name in ("checkpoint_000010", "checkpoint_000002", ".tmp-checkpoint_000011-42", "checkpoint_x"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint_000002", "checkpoint_000010"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint_000010"

@@ -268,7 +268,7 @@ def test_checkpoint_then_resume_gives_the_identical_next_update(
     # What a kill during a save leaves: a half-written temporary directory, never taken for the latest.
     (checkpoints / ".tmp-checkpoint_000003-1").mkdir()
     (checkpoints / ".tmp-checkpoint_000003-1" / "algorithm_state.pkl").write_bytes(b"\x80trunc")
-    lines = run_until(run + ["--resume"], None)
+    lines = run_until([*run, "--resume"], None)
     assert lines[0].startswith(f"resumed from {checkpoints / 'checkpoint_000002'} at iteration 2")
     assert lines[1].startswith("iteration 3 checkpoint") and len(lines) == 2
     assert [p.name for p in sorted(checkpoints.iterdir())] == ["checkpoint_000002", "checkpoint_000003"]
@@ -336,6 +336,15 @@ def test_config_validation(model_dir, world, corpus):
     with pytest.raises(ValueError, match="ZeRO-3 is not supported"):
         zero3 = {"zero_optimization": {"stage": 3}}
         make_config(SearchGRPOConfig, model_dir, world, corpus, deepspeed=zero3).validate()
+    with pytest.raises(ValueError, match="needs a directory"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus).checkpointing(every_n_iterations=5).validate()
+    with pytest.raises(ValueError, match="sample_retries"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(sample_retries=-1).validate()
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(
+        max_num_env_runner_restarts=7
+    )
+    assert config.restart_failed_env_runners  # ours, and RLlib's settings pass through:
+    assert config.max_num_env_runner_restarts == 7
 
 
 @pytest.mark.parametrize("learners", [0, 2], ids=["one_learner", "two_learners"])
