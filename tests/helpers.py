@@ -1,6 +1,9 @@
-"""A small hand-written world shared by the env tests: passages a BM25 index can answer from."""
+"""A small hand-written world shared by the env tests (passages a BM25 index can answer from), and the
+tiny GRPO/PPO configs that the learner and fault-tolerance tests train."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from rllib_search.data.records import QARecord
 from rllib_search.data.retrieval import Passage
@@ -43,3 +46,120 @@ def build_tiny_sliding_window_lm(out_dir, tokenizer_dir, sliding_window: int = 1
     Gemma3ForCausalLM(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+ENV_SETTINGS = {"protocol": "search_r1", "max_turns": 3, "max_total_tokens": 700, "max_obs_tokens": 80}
+
+
+def make_config(cls: Any, model_dir: str, world: Any, corpus: str, *, model=None, **training) -> Any:
+    """A tiny, seeded config of ``cls`` (a Search*Config): ``world.train`` questions, BM25 over ``corpus``,
+    2 prompts x 2 samples of at most 16 tokens a turn, lr 1e-3."""
+    from rllib_search import ENV_ID
+    from rllib_search.algos.configs import SearchPPOConfig
+
+    env_config = {"retriever": {"type": "bm25", "corpus": corpus}, "dataset": world.train, **ENV_SETTINGS}
+    model_config = {"model": model_dir, **(model or {})}
+    if cls is SearchPPOConfig:
+        model_config.setdefault("value_head", True)
+    return (
+        cls()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config=model_config)
+        .rollouts(group_size=2, prompts_per_sample=2, max_turn_tokens=16)
+        .training(**{"lr": 1e-3, "micro_batch_size": 2, **training})
+        .debugging(seed=11)
+    )
+
+
+def policy_weights(algo: Any) -> dict[str, Any]:
+    """The (local) learner's policy weights, cloned."""
+    module = algo.learner_group._learner.module["default_policy"].unwrapped()
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+class KillsItsRunnerOnce:
+    """A BM25 retriever over ``corpus`` that kills the EnvRunner actor holding it (``ray.kill``, so RLlib's
+    restart applies) in the middle of a search: the first search of any runner after ``trigger`` appears.
+    The trigger is claimed by an atomic rename (to ``trigger + ".fired"``), so exactly one runner dies
+    once, mid-sample; every other search is BM25's own."""
+
+    def __init__(self, corpus: str, trigger: str) -> None:
+        self.corpus = corpus
+        self.trigger = trigger
+        self._bm25: Any = None
+
+    def search(self, queries: Any, topk: int) -> Any:
+        import os
+
+        try:
+            os.rename(self.trigger, self.trigger + ".fired")
+        except FileNotFoundError:
+            pass
+        else:
+            import time
+
+            import ray
+
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=False)
+            time.sleep(120)  # the kill lands here; a restarted runner never gets this far
+        if self._bm25 is None:
+            from rllib_search.data.formats import iter_passages, read_corpus
+            from rllib_search.serve.bm25 import BM25Retriever
+
+            self._bm25 = BM25Retriever(list(iter_passages(read_corpus(self.corpus))))
+        return self._bm25.search(queries, topk)
+
+
+class KillsReplicasOnce:
+    """The Serve retriever client of ``spec`` (``{"type": "serve", ...}``) that, at its first search (in
+    the middle of a rollout), kills every replica of the retriever deployment (``ray.kill``; Serve's
+    controller starts new ones) and then searches as usual: that turn's queries must be retried until a
+    new replica answers. ``killed`` names the replicas it killed; ``stats`` are the client's."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = dict(spec)
+        self.killed: list[str] = []
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from rllib_search.serve.client import build_retriever
+
+            self._client = build_retriever(self.spec)
+        return self._client
+
+    @property
+    def stats(self) -> Any:
+        return self.client.stats
+
+    def search(self, queries: Any, topk: int) -> Any:
+        if not self.killed:
+            self.killed = kill_retriever_replicas()
+        return self.client.search(queries, topk)
+
+
+def retriever_replicas() -> list[str]:
+    """The names of the retriever deployment's live replica actors."""
+    import ray
+
+    from rllib_search.serve.retriever import DEPLOYMENT_NAME
+
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve"
+        and DEPLOYMENT_NAME in actor["name"]
+        and "REPLICA" in actor["name"].upper()
+    ]
+
+
+def kill_retriever_replicas() -> list[str]:
+    """Kill every replica of the retriever deployment (no restart of those actors); returns their names."""
+    import ray
+
+    names = retriever_replicas()
+    assert names, "no retriever replica found"
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    return names

@@ -3,11 +3,17 @@ update, micro-batching, the NaN guard, SFT, 2 learners = 1, checkpoint/resume an
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from rllib_search import ENV_ID
 from rllib_search.algos.algorithm import train_batch
 from rllib_search.algos.configs import (
     SearchGRPOConfig,
@@ -16,15 +22,14 @@ from rllib_search.algos.configs import (
     SearchSFTConfig,
 )
 from rllib_search.algos.demonstrations import teacher_rollouts
-from rllib_search.data.formats import write_corpus_jsonl
+from rllib_search.data.formats import write_corpus_jsonl, write_qa_jsonl
 from rllib_search.env.search_env import SearchEnvConfig
 from rllib_search.llm.models import load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from rllib_search.serve.bm25 import BM25Retriever
+from tests.helpers import ENV_SETTINGS, make_config, policy_weights
 
 pytestmark = pytest.mark.slow
-
-ENV_SETTINGS = {"protocol": "search_r1", "max_turns": 3, "max_total_tokens": 700, "max_obs_tokens": 80}
 
 
 @pytest.fixture(scope="module")
@@ -47,28 +52,8 @@ def demonstrations(model_dir, world):
     return teacher_rollouts(load_tokenizer(model_dir), BM25Retriever(world.passages), world.train[:8], config)
 
 
-def make_config(cls, model_dir, world, corpus, *, model=None, **training):
-    env_config = {"retriever": {"type": "bm25", "corpus": corpus}, "dataset": world.train, **ENV_SETTINGS}
-    model_config = {"model": model_dir, **(model or {})}
-    if cls is SearchPPOConfig:
-        model_config.setdefault("value_head", True)
-    return (
-        cls()
-        .environment(ENV_ID, env_config=env_config)
-        .rl_module(model_config=model_config)
-        .rollouts(group_size=2, prompts_per_sample=2, max_turn_tokens=16)
-        .training(**{"lr": 1e-3, "micro_batch_size": 2, **training})
-        .debugging(seed=11)
-    )
-
-
 def learner_of(algo):
     return algo.learner_group._learner
-
-
-def policy_weights(algo) -> dict[str, torch.Tensor]:
-    module = learner_of(algo).module["default_policy"].unwrapped()
-    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 
 def with_advantages(rollouts, values, config, pad_token_id=0):
@@ -246,6 +231,9 @@ def test_two_learners_equal_one(ray_cluster, model_dir, world, corpus, demonstra
 def test_checkpoint_then_resume_gives_the_identical_next_update(
     ray_cluster, model_dir, world, corpus, tmp_path
 ):
+    """In process (``save_to_path`` / ``Algorithm.from_checkpoint``), and a driver killed with SIGKILL
+    mid-run (``tests/resumable_run.py``: periodic checkpoints, ``restore_latest``): both resumed runs
+    continue with the uninterrupted run's data position and iteration count, and update as it does."""
     config = make_config(SearchGRPOConfig, model_dir, world, corpus, warmup_ratio=0.5, total_training_steps=4)
     algo = config.build_algo()
     algo.train()
@@ -253,6 +241,8 @@ def test_checkpoint_then_resume_gives_the_identical_next_update(
     algo.train()
     expected = policy_weights(algo)
     expected_steps = learner_of(algo).optimizer_steps
+    algo.train()
+    expected_third = policy_weights(algo)
     algo.stop()
 
     from ray.rllib.algorithms.algorithm import Algorithm
@@ -265,6 +255,52 @@ def test_checkpoint_then_resume_gives_the_identical_next_update(
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
     resumed.stop()
+
+    # The driver killed with SIGKILL during iteration 3, after its checkpoints of iterations 1 and 2.
+    questions = tmp_path / "questions.jsonl"
+    write_qa_jsonl(world.train, questions)
+    run = [sys.executable, "-m", "tests.resumable_run", str(tmp_path / "run"), "--model", model_dir]
+    run += ["--corpus", corpus, "--questions", str(questions), "--iterations", "3"]
+    lines = run_until(run, "iteration 2 ")
+    assert lines[-1].startswith("iteration 2 checkpoint") and "checkpoint_000002" in lines[-1]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in sorted(checkpoints.iterdir())] == ["checkpoint_000001", "checkpoint_000002"]
+    # What a kill during a save leaves: a half-written temporary directory, never taken for the latest.
+    (checkpoints / ".tmp-checkpoint_000003-1").mkdir()
+    (checkpoints / ".tmp-checkpoint_000003-1" / "algorithm_state.pkl").write_bytes(b"\x80trunc")
+    lines = run_until([*run, "--resume"], None)
+    assert lines[0].startswith(f"resumed from {checkpoints / 'checkpoint_000002'} at iteration 2")
+    assert lines[1].startswith("iteration 3 checkpoint") and len(lines) == 2
+    assert [p.name for p in sorted(checkpoints.iterdir())] == ["checkpoint_000002", "checkpoint_000003"]
+    got = torch.load(tmp_path / "run" / "weights.pt")
+    for name in expected_third:
+        torch.testing.assert_close(got[name], expected_third[name], atol=1e-6, rtol=1e-5)
+
+
+def run_until(command: list[str], line_start: str | None, timeout_s: float = 400) -> list[str]:
+    """Run ``command`` (this repository's root on PYTHONPATH) in a session of its own and return the lines
+    it printed: up to the first that starts with ``line_start``, after which its whole process group is
+    killed with SIGKILL (the driver and the Ray it started), or all of them once it exits by itself."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        command, cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    watchdog = threading.Timer(timeout_s, os.killpg, (process.pid, signal.SIGKILL))
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        for line in process.stdout:
+            lines.append(line.strip())
+            if line_start is not None and line.startswith(line_start):
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+        code = process.wait()
+    finally:
+        watchdog.cancel()
+    expected = -signal.SIGKILL if line_start is not None else 0
+    assert code == expected, f"exit {code}; printed: {lines}"
+    return lines
 
 
 def test_export_loads_in_transformers_with_the_same_logprobs(ray_cluster, model_dir, world, corpus, tmp_path):
@@ -300,6 +336,15 @@ def test_config_validation(model_dir, world, corpus):
     with pytest.raises(ValueError, match="ZeRO-3 is not supported"):
         zero3 = {"zero_optimization": {"stage": 3}}
         make_config(SearchGRPOConfig, model_dir, world, corpus, deepspeed=zero3).validate()
+    with pytest.raises(ValueError, match="needs a directory"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus).checkpointing(every_n_iterations=5).validate()
+    with pytest.raises(ValueError, match="sample_retries"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(sample_retries=-1).validate()
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(
+        max_num_env_runner_restarts=7
+    )
+    assert config.restart_failed_env_runners  # ours, and RLlib's settings pass through:
+    assert config.max_num_env_runner_restarts == 7
 
 
 @pytest.mark.parametrize("learners", [0, 2], ids=["one_learner", "two_learners"])

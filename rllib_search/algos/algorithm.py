@@ -21,6 +21,12 @@ One training step:
    set: greedy episodes on the held-out questions, results under ``evaluation/`` (and, with
    ``held_out(answers=True)``, each question's answer under ``evaluation_answers``, a JSON string).
 
+Faults (docs/architecture.md, "Faults"): a remote EnvRunner that dies mid-sample is restarted by RLlib
+(``restart_failed_env_runners``); the step waits for it, gives it the learner's weights and the data
+position it had before the lost sample, and samples it again (``sample_retries``), so its questions are
+drawn once and trained once. Every remote runner's data position is in the Algorithm's checkpoints, and
+``config.checkpointing(...)`` writes periodic, atomic checkpoints that ``restore_latest`` resumes from.
+
 ``evaluate_questions`` rolls a fixed question list out greedily for held-out tables, and ``export`` writes
 a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and vLLM load.
 """
@@ -33,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
@@ -44,11 +51,13 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
+    WEIGHTS_SEQ_NO,
 )
 
 from rllib_search.algos import dashboard_metrics
 from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
 from rllib_search.algos.batching import pad_rollouts
+from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
 from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
 
@@ -123,6 +132,9 @@ class SearchAlgorithm(Algorithm):
     """Sample -> group advantages -> masked learner update -> weight sync (see the module docstring)."""
 
     def setup(self, config: Any) -> None:
+        # Each remote EnvRunner's state after its last sample it returned (data position, reward stage):
+        # what it gets back after a restart, and what checkpoints carry (RLlib saves the local runner's only).
+        self._runner_states: dict[int, dict[str, Any]] = {}
         stages = config.reward_stages
         self.reward_schedule = RewardSchedule(stages) if stages else None
         super().setup(config)
@@ -216,23 +228,107 @@ class SearchAlgorithm(Algorithm):
         """One ``sample()`` from every EnvRunner (in the reward schedule's current stage); their metrics go
         under ``env_runners``."""
         group = self.env_runner_group
-        local = group.num_remote_env_runners() == 0
         stage = self.reward_schedule.index if self.reward_schedule is not None else None
         sampled = getattr(self, "_sampled_stage", None)
         if stage is not None and sampled is not None and stage != sampled:
             self.metrics.delete(ENV_RUNNER_RESULTS, "reward", key_error=False)  # the old stage's components
         self._sampled_stage = stage
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            per_runner = group.foreach_env_runner(
-                lambda runner: runner.sample(reward_stage=stage), local_env_runner=local
-            )
-            metrics = group.foreach_env_runner(lambda runner: runner.get_metrics(), local_env_runner=local)
+            if group.num_remote_env_runners() == 0:
+                runner = self.env_runner
+                per_runner, metrics = [runner.sample(reward_stage=stage)], [runner.get_metrics()]
+            else:
+                samples = self._sample_remote_runners(stage)
+                per_runner, metrics = [rollouts for rollouts, _ in samples], [m for _, m in samples]
         self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
         steps = sum(r.stats.get("turns", 1) for rollouts in per_runner for r in rollouts)
         self.metrics.log_value(
             (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), steps, reduce="lifetime_sum"
         )
         return [rollout for rollouts in per_runner for rollout in rollouts]
+
+    def _sample_remote_runners(self, stage: int | None) -> list[tuple[list[Rollout], dict[str, Any]]]:
+        """(rollouts, metrics) of every remote EnvRunner, in worker-index order. A runner that dies is waited
+        for (RLlib restarts it), brought back to its last state and sampled again, ``sample_retries`` times
+        at most; one still missing is left out of this iteration (counted) and keeps its questions."""
+        group = self.env_runner_group
+        wanted = list(range(1, group.num_remote_env_runners() + 1))  # RLlib's remote ids = worker indices
+
+        def sample(runner: Any) -> tuple[int, list[Rollout], dict[str, Any], dict[str, Any]]:
+            rollouts = runner.sample(reward_stage=stage)
+            return runner.worker_index, rollouts, runner.get_metrics(), runner.get_state()
+
+        got: dict[int, tuple[list[Rollout], dict[str, Any]]] = {}
+        retried = 0
+        for attempt in range(int(self.config.sample_retries) + 1):
+            missing = [index for index in wanted if index not in got]
+            if not missing:
+                break
+            if attempt:
+                logger.warning("EnvRunners %s returned no sample: waiting for their restart", missing)
+                retried += len(missing)
+                self._await_env_runners(missing)
+            for index, rollouts, metrics, state in group.foreach_env_runner(
+                sample, local_env_runner=False, remote_worker_ids=missing
+            ):
+                got[index] = (rollouts, metrics)
+                self._runner_states[index] = state
+        missing = [index for index in wanted if index not in got]
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "runner_sample_retries"), retried, reduce="sum")
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "runner_samples_missing"), len(missing), reduce="sum")
+        if missing:
+            logger.error("EnvRunners %s missing from this iteration after %d retries", missing, retried)
+        if not got:
+            raise RuntimeError(f"no EnvRunner returned a sample (retried {retried} times)")
+        return [got[index] for index in sorted(got)]
+
+    def _await_env_runners(self, indices: list[int]) -> None:
+        """Probe until the remote EnvRunners ``indices`` are healthy again (or
+        ``env_runner_restore_timeout_s`` passes); :meth:`restore_env_runners` restores each one's state."""
+        group = self.env_runner_group
+        deadline = time.monotonic() + float(self.config.env_runner_restore_timeout_s)
+        while True:
+            self.restore_env_runners(group)
+            healthy = set(group.healthy_env_runner_ids())
+            if all(index in healthy for index in indices) or time.monotonic() > deadline:
+                return
+            time.sleep(1.0)  # each probe waits up to env_runner_health_probe_timeout_s for a ping
+
+    def restore_env_runners(self, env_runner_group: Any) -> list[int]:
+        """RLlib's restore (a ping brings a restarted runner back into service), then the restored runners
+        get the learner's weights and their own last data position (RLlib would give them the local
+        runner's state, which carries neither)."""
+        restored = super().restore_env_runners(env_runner_group)
+        if restored and env_runner_group is self.env_runner_group:
+            self._push_to_remote_runners(restored, weights=True)
+        return restored
+
+    def _push_to_remote_runners(self, indices: list[int] | None = None, *, weights: bool) -> None:
+        """Give remote EnvRunners (all by default) their recorded state and, with ``weights``, the learner's
+        weights and version; waits until each has them (RLlib's weight sync may drop a request)."""
+        group = self.env_runner_group
+        if group.num_remote_env_runners() == 0:
+            return
+        indices = indices if indices is not None else list(range(1, group.num_remote_env_runners() + 1))
+        sync: dict[str, Any] = {}
+        if weights:
+            learner = self.learner_group.get_state(
+                components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True
+            )[COMPONENT_LEARNER]
+            sync = {COMPONENT_RL_MODULE: ray.put(learner[COMPONENT_RL_MODULE])}
+            sync[WEIGHTS_SEQ_NO] = learner.get(WEIGHTS_SEQ_NO)
+        states = {
+            index: {k: v for k, v in self._runner_states[index].items() if k != "weights_version"}
+            for index in indices
+            if index in self._runner_states
+        }
+        if not sync and not states:
+            return
+
+        def apply(runner: Any) -> None:
+            runner.set_state({**states.get(runner.worker_index, {}), **sync})
+
+        group.foreach_env_runner(apply, local_env_runner=False, remote_worker_ids=indices)
 
     def cleanup(self) -> None:
         dashboard_metrics.uninstall(self)
@@ -243,6 +339,8 @@ class SearchAlgorithm(Algorithm):
         if self.reward_schedule is not None:
             state["reward_schedule"] = self.reward_schedule.get_state()
             state["reward_stage_sampled"] = getattr(self, "_sampled_stage", None)
+        if self._runner_states:
+            state["remote_env_runners"] = dict(self._runner_states)
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -250,6 +348,38 @@ class SearchAlgorithm(Algorithm):
         if self.reward_schedule is not None and "reward_schedule" in state:
             self.reward_schedule.set_state(state["reward_schedule"])
             self._sampled_stage = state.get("reward_stage_sampled")
+        if "remote_env_runners" in state:
+            self._runner_states = {int(k): v for k, v in state["remote_env_runners"].items()}
+            self._push_to_remote_runners(weights=False)
+
+    def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
+        """RLlib's restore, then every remote EnvRunner gets the restored weights and its own data position
+        (RLlib sends remote runners the local runner's state, and its weight sync may be dropped)."""
+        super().restore_from_path(path, *args, **kwargs)
+        self._push_to_remote_runners(weights=True)
+
+    # --- periodic checkpoints (algos/checkpoints.py) ----------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """RLlib's ``train()``; then, when ``config.checkpointing(...)`` asks for it, a checkpoint of this
+        iteration (its path under ``checkpoint_path`` in the result)."""
+        result = super().train()
+        cfg = self.config
+        saver = PeriodicCheckpoints(
+            cfg.checkpoint_dir or "", cfg.checkpoint_every_n_iterations, cfg.checkpoint_keep_last
+        )
+        if cfg.checkpoint_dir and saver.due(self.iteration):
+            result["checkpoint_path"] = str(saver.save(self, self.iteration))
+        return result
+
+    def restore_latest(self, directory: str | Path | None = None) -> Path | None:
+        """Restore the newest complete checkpoint under ``directory`` (default: the config's checkpoint
+        directory): weights, optimizer, iteration count and every EnvRunner's data position. Returns its
+        path, or None when there is none (a fresh start)."""
+        root = directory or self.config.checkpoint_dir
+        path = latest_checkpoint(root) if root else None
+        if path is not None:
+            self.restore_from_path(str(path))
+        return path
 
     def _pad_token_id(self) -> int:
         tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None

@@ -76,6 +76,15 @@ class SearchConfig(AlgorithmConfig):
         # Ray metrics of every train() result (algos/dashboard_metrics.py), tagged with this run name.
         self.dashboard_metrics_enabled = True
         self.dashboard_run_name: str | None = None
+        # Fault tolerance (docs/architecture.md, "Faults"): RLlib restarts a dead EnvRunner actor (set
+        # here, not left to RLlib's default) and the Algorithm samples it again, from its own data
+        # position, up to `sample_retries` times within the iteration.
+        self.restart_failed_env_runners = True
+        self.sample_retries = 2
+        # Periodic checkpoints (algos/checkpoints.py): off unless a directory and an interval are given.
+        self.checkpoint_dir: str | None = None
+        self.checkpoint_every_n_iterations = 0
+        self.checkpoint_keep_last = 3
 
     def rollouts(
         self,
@@ -145,6 +154,40 @@ class SearchConfig(AlgorithmConfig):
             self.dashboard_metrics_enabled = bool(enabled)
         if run_name is not NotProvided:
             self.dashboard_run_name = run_name
+        return self
+
+    def fault_tolerance(self, *, sample_retries: int | Any = NotProvided, **kwargs: Any) -> SearchConfig:
+        """RLlib's fault-tolerance settings (``restart_failed_env_runners`` (True here),
+        ``max_num_env_runner_restarts``, ``delay_between_env_runner_restarts_s``,
+        ``env_runner_health_probe_timeout_s``, ``env_runner_restore_timeout_s``, ...) plus
+        ``sample_retries``: how many times within one iteration the Algorithm waits for a restarted
+        EnvRunner and samples it again (from the data position it had before it died; its lost episodes are
+        drawn again, never counted twice). An EnvRunner still missing after that is left out of the
+        iteration (``env_runners/runner_samples_missing``) and its questions wait for its return."""
+        if sample_retries is not NotProvided:
+            self.sample_retries = int(sample_retries)
+        super().fault_tolerance(**kwargs)
+        return self
+
+    def checkpointing(
+        self,
+        *,
+        directory: str | Any | None = NotProvided,
+        every_n_iterations: int | Any = NotProvided,
+        keep_last: int | Any = NotProvided,
+        **kwargs: Any,
+    ) -> SearchConfig:
+        """Periodic checkpoints (``algos/checkpoints.py``): after every ``every_n_iterations`` iterations
+        (0: never) ``train()`` writes ``directory/checkpoint_<iteration>`` atomically and keeps the newest
+        ``keep_last`` (0: all); ``algo.restore_latest()`` resumes from the newest. RLlib's own
+        ``checkpointing`` options pass through."""
+        if directory is not NotProvided:
+            self.checkpoint_dir = None if directory is None else str(directory)
+        if every_n_iterations is not NotProvided:
+            self.checkpoint_every_n_iterations = int(every_n_iterations)
+        if keep_last is not NotProvided:
+            self.checkpoint_keep_last = int(keep_last)
+        super().checkpointing(**kwargs)
         return self
 
     def training(
@@ -250,6 +293,10 @@ class SearchConfig(AlgorithmConfig):
                 "export read the policy's whole parameters, which ZeRO-3 partitions across learners; use "
                 "stage 2 (gradients and optimizer state partitioned), LoRA, or gradient checkpointing"
             )
+        if int(self.checkpoint_every_n_iterations) < 0 or int(self.checkpoint_keep_last) < 0:
+            raise ValueError("checkpointing every_n_iterations and keep_last must be >= 0")
+        if self.checkpoint_every_n_iterations and not self.checkpoint_dir:
+            raise ValueError("checkpointing(every_n_iterations=...) needs a directory")
         if self.advantage_estimator == "gae" and not self.model_config.get("value_head"):
             raise ValueError("PPO (advantage_estimator='gae') needs model_config['value_head'] = True")
 
@@ -272,6 +319,8 @@ class SearchConfig(AlgorithmConfig):
             )
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if int(self.sample_retries) < 0:
+            raise ValueError(f"sample_retries must be >= 0, got {self.sample_retries}")
         if int(self.held_out_interval) < 1:
             raise ValueError(f"held_out interval must be at least 1, got {self.held_out_interval}")
         if self.reward_stages is not None:

@@ -85,6 +85,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._sampler = ShuffledSampler(len(self.records), np.random.default_rng([seed, self.worker_index]))
         self._draws = 0
         self._sample_calls = 0
+        self._retriever_retries = 0
         self.reward_stage = 0
         if self.config.reward_stages:
             self._enter_reward_stage(0)
@@ -276,6 +277,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         }.items():
             log(key, float(value), reduce="mean", window=1)
         log("retriever_errors", sum(r.stats["retriever_errors"] for r in rollouts), reduce="sum")
+        client_stats = getattr(self.retriever, "stats", None)  # a service client counts its retries
+        if client_stats is not None and hasattr(client_stats, "retries"):
+            log("retriever_retries", client_stats.retries - self._retriever_retries, reduce="sum")
+            self._retriever_retries = client_stats.retries
         if self.judge is not None:
             log("judge_calls", judged.calls, reduce="sum")
             log("judge_prompts", judged.prompts, reduce="sum")
@@ -307,8 +312,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.weights_version = int(version) if version is not None else self.weights_version + 1
         if "reward_stage" in state and int(state["reward_stage"]) != self.reward_stage:
             self._enter_reward_stage(int(state["reward_stage"]))  # before the data position: its questions
-        if "data_position" in state:
-            position = state["data_position"]
+        position = state.get("data_position")
+        # A data position belongs to the runner that drew it: RLlib sends the local runner's state to remote
+        # ones (after a restart, on restore); that leaves their own positions alone.
+        if position is not None and position.get("worker_index", self.worker_index) == self.worker_index:
             self._sampler.set_state(position)
             self._draws = position["draws"]
             self._sample_calls = int(position.get("sample_calls", self._sample_calls))
@@ -340,6 +347,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "reward_stage": self.reward_stage,
             "data_position": {
                 **self._sampler.get_state(),
+                "worker_index": self.worker_index,
                 "draws": self._draws,
                 "sample_calls": self._sample_calls,
             },

@@ -10,8 +10,13 @@
   models, synthetic world, served BM25 retriever and Gemma judge, CPU, a few minutes), ``--embedded``
   (the CPU scale on the embedded default, with a warm start) or the paper scale on the user's data and
   services (``--data``, ``--retriever-url`` or the in-cluster Serve apps);
-- trains with a line per iteration, checkpoints (``--checkpoint-every``, and at the end), writes
-  ``summary.json`` and ``training.png`` under ``--out``, and deletes the Serve apps it started.
+- trains with a line per iteration, checkpoints (every ``--checkpoint-every`` iterations under
+  ``--out``/checkpoints, the last ``--keep-last`` kept, each written atomically; and at the end to
+  ``--out``/checkpoint), writes ``summary.json`` and ``training.png`` under ``--out``, and deletes the Serve
+  apps it started;
+- with ``--resume``, continues a run that died (the driver killed, the machine lost) from its newest
+  periodic checkpoint: same weights, optimizer, iteration count and data position of every EnvRunner; the
+  iteration rows before it come back from ``history.jsonl``.
 
 Ray 2.60's token authentication: ``ray job submit`` to a cluster started with ``ray start`` needs
 ``RAY_AUTH_MODE=token`` in the submitting shell (the CLI then reads ``~/.ray/auth_token``, which ``ray
@@ -94,7 +99,14 @@ def job_arguments(description: str, *, iterations: int, smoke_iterations: int = 
     )
     parser.add_argument("--metrics-port", type=int, help="Prometheus port of a local Ray (default: random)")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=0, help="checkpoint every N iterations (0: at the end)"
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="checkpoint every N iterations under OUT/checkpoints (0: only at the end, to OUT/checkpoint)",
+    )
+    parser.add_argument("--keep-last", type=int, default=3, help="periodic checkpoints kept (0: all)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint under OUT/checkpoints"
     )
     parser.set_defaults(default_iterations=iterations, smoke_iterations=smoke_iterations)
     return parser
@@ -202,10 +214,11 @@ class RecipeJob:
         """On ``--embedded`` (or on the embedded default at any size with ``always``), the policy after
         ``steps`` masked-SFT steps of a warm start on teacher trajectories (1-hop and 2-hop training
         questions; a handful under ``--smoke``), exported to ``--out``/``directory``; otherwise ``model``
-        itself. With ``reuse``, an export already there is used as it is (a resumed study)."""
+        itself. With ``reuse`` (or ``--resume``), an export already there is used as it is (a resumed run)."""
         if self.world is None or not (self.args.embedded or always):
             return model
         path = self.out / directory
+        reuse = reuse or bool(getattr(self.args, "resume", False))  # a resumed run keeps its warm start
         if reuse and (path / "config.json").exists():
             self.say(f"warm start: reusing {path}")
             return str(path)
@@ -228,23 +241,41 @@ class RecipeJob:
 
     # --- training ----------------------------------------------------------------------------------------
     def train(self, config: Any) -> dict[str, Any]:
-        """Build the Algorithm, train ``self.iterations`` iterations with a line each, checkpoint, and write
-        ``summary.json`` and ``training.png``; returns the summary."""
+        """Build the Algorithm (restored from the newest periodic checkpoint under ``--resume``), train up to
+        ``self.iterations`` iterations with a line each, checkpoint, and write ``summary.json`` and
+        ``training.png``; returns the summary."""
+        from rllib_search.algos.checkpoints import save_atomically
+
         config = config.debugging(seed=self.args.seed).dashboard_metrics(run_name=self.name)
         if self.held_out is not None:
             config = config.held_out(dataset=self.held_out)
+        if self.args.checkpoint_every:
+            config = config.checkpointing(
+                directory=str((self.out / "checkpoints").resolve()),
+                every_n_iterations=self.args.checkpoint_every,
+                keep_last=self.args.keep_last,
+            )
         algo = config.build_algo()
+        history_file = self.out / "history.jsonl"
         history: list[dict[str, Any]] = []
+        if getattr(self.args, "resume", False):
+            restored = algo.restore_latest(self.out / "checkpoints")
+            if restored is None:
+                self.say(f"--resume: no checkpoint under {self.out / 'checkpoints'}: starting afresh")
+            else:
+                self.say(f"resumed from {restored} at iteration {algo.iteration}")
+                history = [row for row in read_history(history_file) if row["iteration"] <= algo.iteration]
+        history_file.write_text("".join(json.dumps(row) + "\n" for row in history))
         checkpoint = None
         try:
-            for iteration in range(1, self.iterations + 1):
-                row = iteration_row(iteration, algo.train())
+            while algo.iteration < self.iterations:
+                result = algo.train()
+                row = iteration_row(algo.iteration, result)
                 history.append(row)
+                with history_file.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
                 self.say(format_row(row, self.iterations))
-                every = self.args.checkpoint_every
-                if every and iteration % every == 0:
-                    checkpoint = algo.save_to_path(str((self.out / "checkpoint").resolve()))
-            checkpoint = algo.save_to_path(str((self.out / "checkpoint").resolve()))
+            checkpoint = save_atomically(algo, self.out / "checkpoint")
         finally:
             algo.stop()
         summary = {
@@ -260,6 +291,17 @@ class RecipeJob:
             f"checkpoint {checkpoint}; wrote {self.out / 'summary.json'} and {self.out / 'training.png'}"
         )
         return summary
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The iteration rows a run wrote so far (one JSON object a line; a torn last line is dropped)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # the line a kill cut short
+    return rows
 
 
 def iteration_row(iteration: int, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""A tiny GRPO run with periodic checkpoints that resumes where a killed run stopped: the driver that
+``test_learner.py``'s resume test kills with SIGKILL and starts again.
+
+``python -m tests.resumable_run OUT --model DIR --corpus FILE --questions FILE --iterations N [--resume]``
+trains the config of ``tests.helpers.make_config`` (the in-process resume test's) until iteration N with a
+checkpoint after every iteration (the last 2 kept) under ``OUT/checkpoints``, printing a line per
+iteration; with ``--resume`` it first restores the newest complete checkpoint (``restore_latest``). At the
+end it writes the policy weights to ``OUT/weights.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--questions", required=True)
+    parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import ray
+    import torch
+
+    from rllib_search.algos.configs import SearchGRPOConfig
+    from rllib_search.data.formats import read_qa_file
+    from tests.helpers import make_config, policy_weights
+
+    torch.set_num_threads(1)  # as in the test session (conftest.py): the same floating-point sums
+    out = Path(args.out)
+    world = SimpleNamespace(train=read_qa_file(args.questions))
+    config = make_config(
+        SearchGRPOConfig, args.model, world, args.corpus, warmup_ratio=0.5, total_training_steps=4
+    ).checkpointing(directory=str(out / "checkpoints"), every_n_iterations=1, keep_last=2)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    algo = config.build_algo()
+    if args.resume:
+        print(f"resumed from {algo.restore_latest()} at iteration {algo.iteration}", flush=True)
+    while algo.iteration < args.iterations:
+        result = algo.train()
+        print(f"iteration {algo.iteration} checkpoint {result.get('checkpoint_path')}", flush=True)
+    torch.save(policy_weights(algo), out / "weights.pt")
+    algo.stop()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
