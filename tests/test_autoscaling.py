@@ -50,6 +50,7 @@ def wait_for_replicas(predicate, deadline_s: float, timeline: list[tuple[float, 
     return count
 
 
+@pytest.mark.timing
 def test_retriever_scales_up_under_load_and_down_when_idle(service, world, tmp_path):
     from ray import serve
 

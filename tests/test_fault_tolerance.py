@@ -60,6 +60,7 @@ def data_positions(algo) -> dict[int, dict]:
     return on_runners(algo, lambda runner: runner.get_state()["data_position"])
 
 
+@pytest.mark.timing
 def test_two_remote_runners_shard_sync_aggregate_resume_and_survive_a_kill(
     ray_cluster, searching_model, world, corpus, tmp_path
 ):
@@ -115,6 +116,7 @@ def test_two_remote_runners_shard_sync_aggregate_resume_and_survive_a_kill(
         resumed.stop()
 
 
+@pytest.mark.timing
 def test_retriever_replicas_killed_mid_rollout_lose_no_episode(service, searching_model, world, corpus):
     from ray import serve
 

@@ -370,6 +370,7 @@ def value(samples: list[dict], name: str, **labels: str) -> float:
     return found[0]["value"]
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_one_training_iteration_reaches_the_nodes_prometheus_endpoint(tmp_path):
     from rllib_search.serve.ports import free_port

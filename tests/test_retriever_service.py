@@ -143,6 +143,7 @@ def assert_queries_survive_a_kill(client: RetrieverClient, kill) -> None:
     assert len(answers) > killed_at  # queries went on after the kill
 
 
+@pytest.mark.timing
 def test_client_survives_a_killed_replica(service):
     import ray
 

@@ -121,6 +121,7 @@ def test_the_lambda_sweep_writes_its_tables_and_resumes(tiny_policy, tmp_path):
         assert list(csv.DictReader(handle)) == rows
 
 
+@pytest.mark.timing
 def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path):
     """`ray start --head` on 127.0.0.1, then the README's `RAY_AUTH_MODE=token ray job submit --working-dir .
     -- python tuned_examples/...`: the job joins the cluster without passing resources, SUCCEEDS (the CLI
