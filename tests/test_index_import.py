@@ -70,7 +70,9 @@ def search_r1_files(world, search_r1_encoder, tmp_path_factory):
     return root / "e5_Flat.index", root / "corpus.jsonl"
 
 
-def test_cli_import_searches_like_the_original_index(tmp_path, world, search_r1_files, search_r1_encoder, capsys):
+def test_cli_import_searches_like_the_original_index(
+    tmp_path, world, search_r1_files, search_r1_encoder, capsys
+):
     faiss_path, corpus = search_r1_files
     out = tmp_path / "imported"
     argv = ["index", "import", "--faiss", str(faiss_path), "--corpus", str(corpus), "--out", str(out)]
@@ -98,7 +100,7 @@ def test_a_hub_encoder_name_is_recorded_without_a_download(tmp_path, search_r1_f
     """Importing with ``intfloat/e5-base-v2`` only records it: E5's prefixes and pooling, no model loaded
     (the tests run with HF_HUB_OFFLINE=1: a download would fail)."""
     _, corpus = search_r1_files
-    rows = sum(1 for _ in open(corpus, encoding="utf-8"))
+    rows = len(corpus.read_text(encoding="utf-8").splitlines())
     index = faiss.IndexFlatIP(768)
     index.add(np.random.default_rng(0).standard_normal((rows, 768)).astype(np.float32))
     faiss.write_index(index, str(tmp_path / "e5_Flat.index"))

@@ -70,7 +70,9 @@ def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
         "import", help="import a faiss index built elsewhere (Search-R1's e5_Flat.index) without re-encoding"
     )
     imp.add_argument("--faiss", required=True, help="the faiss index file (IndexFlatIP, HNSW-Flat or IVF-PQ)")
-    imp.add_argument("--corpus", required=True, help="its corpus .jsonl ({id, contents}) or .parquet, in order")
+    imp.add_argument(
+        "--corpus", required=True, help="its corpus .jsonl ({id, contents}) or .parquet, in order"
+    )
     imp.add_argument("--out", required=True, help="index directory to write")
     imp.add_argument(
         "--encoder", help="the model that embedded the passages (default: intfloat/e5-base-v2, Search-R1's)"
@@ -79,7 +81,9 @@ def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--query-prefix", help="override the encoder family's query prefix")
     imp.add_argument("--passage-prefix", help="override the encoder family's passage prefix")
     imp.add_argument("--max-length", type=int, help="override the encoder's maximum tokens per text")
-    imp.add_argument("--copy", action="store_true", help="copy the faiss file even where a hard link would do")
+    imp.add_argument(
+        "--copy", action="store_true", help="copy the faiss file even where a hard link would do"
+    )
     imp.set_defaults(func=cmd_index_import)
 
     info = commands.add_parser("info", help="print an index directory's manifest")

@@ -55,7 +55,8 @@ def import_faiss_index(
     width = encoder_width(spec.name_or_path)
     if width is not None and width != index.d:
         raise IndexMismatchError(
-            f"{faiss_path}: {index.d}-dimensional vectors, but encoder {spec.name_or_path!r} embeds in {width}"
+            f"{faiss_path}: {index.d}-dimensional vectors, "
+            f"but encoder {spec.name_or_path!r} embeds in {width}"
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # an import that fails must not look complete

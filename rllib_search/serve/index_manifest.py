@@ -96,8 +96,11 @@ def _type_problem(manifest: dict[str, Any]) -> str | None:
     if not count_like(manifest["count"]):
         return f"key 'count': expected a non-negative integer, got {manifest['count']!r}"
     corpus_file = manifest["corpus_file"]
-    if not isinstance(corpus_file, str) or not corpus_file or Path(corpus_file).is_absolute() or (
-        ".." in Path(corpus_file).parts
+    if (
+        not isinstance(corpus_file, str)
+        or not corpus_file
+        or Path(corpus_file).is_absolute()
+        or (".." in Path(corpus_file).parts)
     ):
         return f"key 'corpus_file': expected a file name inside the index directory, got {corpus_file!r}"
     if not isinstance(manifest["options"], dict):

@@ -190,7 +190,12 @@ class _Sampler(LogitsProcessor):
             logp = torch.log_softmax(logits, dim=-1)
             tokens = logits.argmax(dim=-1)
         else:
-            logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            # Shifted so the best logit is 0, and the temperature at least fp32's smallest normal (1e-308 is 0
+            # in fp32): the same distribution, and a tiny temperature gives 0 / -inf, not the NaN of
+            # inf - inf or 0 / 0 (which multinomial refuses).
+            shifted = logits - logits.max(dim=-1, keepdim=True).values
+            temperature = max(float(self.temperature), torch.finfo(logits.dtype).tiny)
+            logp = torch.log_softmax(shifted / temperature, dim=-1)
             if self.top_p < 1.0:
                 logp = _nucleus(logp, self.top_p)
             tokens = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
