@@ -39,7 +39,7 @@ def test_fuzzed_judge_requests_never_get_a_5xx(judge_url):
 
 def test_the_known_5xx_causes_are_4xx_now(service, judge_url):
     """What fuzzing found: lone surrogates (tokenizers refuse them; FastAPI's default 422 echoed them and
-    failed to encode), an empty chat, a temperature that underflows fp32, seeds beyond 64 bits."""
+    failed to encode), an empty chat, a temperature or top_p that underflows fp32, seeds beyond 64 bits."""
     surrogate = b'{"queries": ["\\ud897"], "topk": 2}'
     answer = requests.post(service, data=surrogate, headers={"content-type": "application/json"}, timeout=60)
     assert answer.status_code == 422 and "not valid Unicode" in answer.json()["detail"]

@@ -207,7 +207,10 @@ def _nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logp, order = logp.sort(dim=-1, descending=True)
     probs = sorted_logp.exp()
     mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logp = sorted_logp.masked_fill(mass_before >= top_p, float("-inf"))  # never the first token
+    drop = mass_before >= top_p
+    # The most likely token always stays: a top_p below fp32's smallest value (1e-133) compares as 0.
+    drop[:, 0] = False
+    sorted_logp = sorted_logp.masked_fill(drop, float("-inf"))
     return torch.log_softmax(torch.full_like(logp, float("-inf")).scatter(1, order, sorted_logp), dim=-1)
 
 
