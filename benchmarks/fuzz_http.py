@@ -5,7 +5,8 @@ synthetic corpus, the test suite's bounds) and the judge (a tiny Gemma-3 built h
 ``--requests`` requests per endpoint (default 10,000: retriever ``/retrieve``, judge ``/v1/completions`` and
 ``/v1/chat/completions`` together) are drawn by hypothesis (``tests/http_fuzz.py``: wrong types, huge,
 empty, unicode and lone-surrogate strings, NaN, huge integers, deep nesting, raw bytes, wrong methods,
-paths and content types; seeded and derandomized) and sent 8 at a time. The figure that matters: 0
+paths and content types; seeded, drawn in a fresh interpreter) and sent 8 at a time. The figure that
+matters: 0
 responses 5xx (and 0 transport errors), and each server still answering a valid request afterwards.
 
 Prints a final JSON line and writes ``benchmarks/results/fuzz_http.json`` (``fuzz_http_quick.json`` with
@@ -108,13 +109,13 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from tests.http_fuzz import describe, draw_requests, judge_requests, retrieve_requests, send
+    from tests.http_fuzz import describe, draw_requests_isolated, send
 
-    endpoints = {"retriever /retrieve": retrieve_requests(), "judge /v1/*completions": judge_requests()}
+    endpoints = {"retriever /retrieve": "retrieve", "judge /v1/*completions": "judge"}
     drawn = {}
-    for name, strategy in endpoints.items():
+    for name, kind in endpoints.items():
         started = time.perf_counter()
-        drawn[name] = draw_requests(strategy, count, args.seed)
+        drawn[name] = draw_requests_isolated(kind, count, args.seed)
         print(f"[fuzz] {name}: drew {count} requests in {time.perf_counter() - started:.0f} s", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,8 +5,11 @@ Hypothesis strategies draw a request: a method, a path (mostly the endpoint, som
 garbage), a content type and a body that is one of: a well-formed body with extreme values (huge, empty,
 unicode and lone-surrogate strings, huge or negative numbers, NaN and infinities), a well-formed body with
 fields of the wrong JSON type, any JSON document, deeply nested JSON, or raw bytes (invalid JSON or UTF-8).
-``draw_requests`` collects ``count`` of them from a seeded, derandomized run of hypothesis, so the same
-seed always gives the same requests; ``send`` posts them concurrently and counts the answers by status.
+``draw_requests`` collects ``count`` of them from seeded runs of hypothesis; ``draw_requests_isolated`` does
+it in a fresh interpreter, because Hypothesis also draws constants it finds in the source of every local
+module loaded (``hypothesis/internal/conjecture/providers.py``), so in a pytest session the draws depend on
+which test modules were collected; in a fresh interpreter the same seed always gives the same requests.
+``send`` posts them concurrently and counts the answers by status.
 """
 
 from __future__ import annotations
@@ -191,7 +194,8 @@ def draw_requests(
     strategy: st.SearchStrategy[FuzzRequest], count: int, seed_value: int = 0
 ) -> list[FuzzRequest]:
     """``count`` requests from ``strategy``, the same ones for the same seed (hypothesis drives the
-    drawing, derandomized per chunk of 1000 with seeds ``seed_value``, ``seed_value + 1``, ...)."""
+    drawing, seeded per chunk of 1000 with ``seed_value``, ``seed_value + 1``, ...; see
+    :func:`draw_requests_isolated` for why the same seed can still draw differently in a pytest session)."""
     drawn: list[FuzzRequest] = []
     chunk = 0
     while len(drawn) < count:
@@ -215,6 +219,40 @@ def draw_requests(
             raise RuntimeError("hypothesis drew no requests")
         chunk += 1
     return drawn[:count]
+
+
+STRATEGIES = {"retrieve": "retrieve_requests", "judge": "judge_requests"}
+
+
+def draw_requests_isolated(kind: str, count: int, seed_value: int = 0) -> list[FuzzRequest]:
+    """:func:`draw_requests` of ``retrieve_requests()`` or ``judge_requests()`` (``kind``) in a fresh Python
+    that imports only this module: the same requests for the same seed, whatever this process loaded."""
+    import base64
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "tests.http_fuzz", kind, str(count), str(seed_value)]
+    out = subprocess.run(command, cwd=root, check=True, capture_output=True, text=True, timeout=900).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [
+        FuzzRequest(row["method"], row["path"], row["content_type"], base64.b64decode(row["body"]))
+        for row in rows
+    ]
+
+
+def _print_drawn(kind: str, count: int, seed_value: int) -> None:
+    import base64
+
+    for request in draw_requests(globals()[STRATEGIES[kind]](), count, seed_value):
+        row = {
+            "method": request.method,
+            "path": request.path,
+            "content_type": request.content_type,
+            "body": base64.b64encode(request.body).decode("ascii"),
+        }
+        print(json.dumps(row))
 
 
 @dataclass
@@ -262,3 +300,9 @@ def describe(request: FuzzRequest) -> str:
     """A short printable form of a request (for failure reports)."""
     body = request.body if len(request.body) <= 200 else request.body[:200] + b"..."
     return f"{request.method} {request.path!r} [{request.content_type}] {body!r}"
+
+
+if __name__ == "__main__":
+    import sys
+
+    _print_drawn(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

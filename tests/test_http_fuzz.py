@@ -1,5 +1,6 @@
 """Fuzzed HTTP against the retriever's ``/retrieve`` and the judge's OpenAI subset on real Serve over
-127.0.0.1: a few hundred generated requests each (seeded, derandomized; ``tests/http_fuzz.py``), no 5xx,
+127.0.0.1: a few hundred generated requests each (seeded, drawn in a fresh interpreter so that they are the
+same in every session; ``tests/http_fuzz.py``), no 5xx,
 and each server still answers a valid request afterwards (``benchmarks/fuzz_http.py`` sends 10,000)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.http_fuzz import describe, draw_requests, judge_requests, retrieve_requests, send
+from tests.http_fuzz import describe, draw_requests_isolated, send
 
 pytestmark = pytest.mark.slow
 
@@ -20,19 +21,21 @@ def _check(result) -> None:
     )
     assert result.server_errors == 0, f"{result.server_errors} 5xx or transport errors:\n{failures}"
     assert sum(result.statuses.values()) == REQUESTS
-    assert result.statuses[200] > 0 and any(400 <= status < 500 for status in result.statuses)
+    assert result.statuses[200] > 0 and any(400 <= status < 500 for status in result.statuses), (
+        result.statuses
+    )
 
 
 def test_fuzzed_retrieve_requests_never_get_a_5xx(service):
     base = service.rsplit("/", 1)[0]
-    _check(send(base, draw_requests(retrieve_requests(), REQUESTS, seed_value=14), workers=4))
+    _check(send(base, draw_requests_isolated("retrieve", REQUESTS, seed_value=14), workers=4))
     answer = requests.post(service, json={"queries": ["lead singer"], "topk": 2}, timeout=60)
     assert answer.status_code == 200 and len(answer.json()["result"][0]) == 2
 
 
 def test_fuzzed_judge_requests_never_get_a_5xx(judge_url):
     base = judge_url.rsplit("/", 1)[0]  # .../judge: the strategies add /v1/...
-    _check(send(base, draw_requests(judge_requests(), REQUESTS, seed_value=14), workers=4))
+    _check(send(base, draw_requests_isolated("judge", REQUESTS, seed_value=14), workers=4))
     answer = requests.post(f"{judge_url}/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=60)
     assert answer.status_code == 200 and len(answer.json()["choices"]) == 1
 
