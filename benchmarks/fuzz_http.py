@@ -6,8 +6,8 @@ synthetic corpus, the test suite's bounds) and the judge (a tiny Gemma-3 built h
 ``/v1/chat/completions`` together) are drawn by hypothesis (``tests/http_fuzz.py``: wrong types, huge,
 empty, unicode and lone-surrogate strings, NaN, huge integers, deep nesting, raw bytes, wrong methods,
 paths and content types; seeded, drawn in a fresh interpreter) and sent 8 at a time. The figure that
-matters: 0
-responses 5xx (and 0 transport errors), and each server still answering a valid request afterwards.
+matters: 0 responses 5xx (and 0 transport errors), and each server still answering a valid request
+afterwards.
 
 Prints a final JSON line and writes ``benchmarks/results/fuzz_http.json`` (``fuzz_http_quick.json`` with
 ``--quick``: 500 per endpoint).
