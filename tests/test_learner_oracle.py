@@ -127,3 +127,4 @@ def test_gae_token_advantages_as_trained(model_dir, whiten):
     np.testing.assert_allclose(columns["returns"], (advantages + values) * mask, rtol=1e-4, atol=1e-5)
     expected = whiten_by_hand(advantages, mask) if whiten else advantages
     np.testing.assert_allclose(columns["advantages"], expected, rtol=1e-4, atol=1e-5)
+
