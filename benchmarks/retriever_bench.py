@@ -184,10 +184,12 @@ def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: 
     from ray import serve
 
     from rllib_search.serve.retriever import APP_NAME, build_retriever_app
-    from rllib_search.serve.serve_cli import HIGH_THROUGHPUT_ENV
+    from rllib_search.serve.serve_cli import HIGH_THROUGHPUT_ENV, exposure_warnings
 
     if ingress == "haproxy":  # read by Ray's processes when they start
         os.environ.update(HIGH_THROUGHPUT_ENV)
+        for line in exposure_warnings("127.0.0.1", high_throughput=True):
+            print(f"[bench] warning: {line}", flush=True)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     # Access logs off, as the naive server runs with warnings only: per-request logging costs both alike.
     quiet = {"enable_access_log": False, "log_level": "WARNING"}

@@ -228,8 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; a malformed input file (data, index, checkpoint) ends it with its message and
+    exit status 1 instead of a traceback."""
+    from rllib_search.algos.checkpoint_check import CheckpointError
+    from rllib_search.data.errors import DataFormatError
+    from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (DataFormatError, IndexFileError, IndexMismatchError, CheckpointError, FileNotFoundError) as err:
+        print(f"rllib-search: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

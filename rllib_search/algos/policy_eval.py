@@ -7,7 +7,8 @@ What ``rllib-search eval`` runs (``algos/eval_cli.py`` is its command line):
    give the model config, RLlib's ``restore_from_path`` loads its weights; with LoRA they are the adapters
    over the base model the config names), a Hugging Face directory (``algo.export``), a hub name or a
    bundled alias. A checkpoint also carries the protocol and token budgets it was trained with
-   (:func:`checkpoint_settings`), which are the defaults for evaluating it.
+   (:func:`checkpoint_settings`), which are the defaults for evaluating it. Every file of a checkpoint is
+   checked first (``algos/checkpoint_check.py``): a truncated or garbled one is named, not unpickled.
 2. **Rollouts** (:func:`run_policy`): an :class:`~rllib_search.algos.env_runner.LLMEnvRunner` built
    without an Algorithm (no Ray needed) rolls out batches of questions greedily with
    ``rollout_records(records, temperature=0.0)``: the same env, protocol, engine (``hf`` on CPU, ``vllm``
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from rllib_search.algos.checkpoint_check import check_checkpoint
 from rllib_search.algos.evaluation import METRICS, Scores, per_question_metrics, score_predictions
 from rllib_search.data.records import QARecord
 from rllib_search.env.protocols import Protocol, get_protocol
@@ -117,7 +119,7 @@ def load_policy(*, model: str | None = None, checkpoint: str | Path | None = Non
                 "evaluate --model (alias, hub name or Hugging Face directory) or --checkpoint DIR"
             )
         return Policy(name=str(model), model_config={"model": str(model)})
-    root = Path(checkpoint).expanduser().resolve()
+    root = check_checkpoint(Path(checkpoint).expanduser().resolve())  # every file, before any unpickling
     module_dir = find_module_dir(root)
     model_config = dict(_ctor_kwargs(module_dir).get("model_config") or {})
     if model is not None:

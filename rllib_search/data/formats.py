@@ -332,7 +332,7 @@ def corpus_batches(path: str | Path, batch_rows: int = CORPUS_BATCH_ROWS) -> Ite
     if path.suffix == ".jsonl":
         return _jsonl_corpus_batches(path, batch_rows)
     if path.suffix == ".parquet":
-        return _parquet_corpus_batches(_open_corpus_parquet(path), batch_rows)
+        return _parquet_corpus_batches(path, _open_corpus_parquet(path), batch_rows)
     raise DataFormatError(path, None, None, "unknown corpus file type (expected .jsonl or .parquet)")
 
 
@@ -360,23 +360,46 @@ def _open_corpus_parquet(path: Path) -> pq.ParquetFile:
         if not path.exists():
             raise
         raise DataFormatError(path, None, None, f"not a readable parquet file ({err})") from err
+    schema = parquet.schema_arrow
     for column in ("id", "title", "text"):
-        if column not in parquet.schema_arrow.names:
+        if column not in schema.names:
             raise DataFormatError(path, None, column, "missing column")
+    for column in CORPUS_SCHEMA.names:
+        if column in schema.names and not _castable_to_string(schema.field(column).type):
+            raise DataFormatError(
+                path, None, column, f"expected strings (or integer ids), got {schema.field(column).type}"
+            )
     return parquet
 
 
-def _parquet_corpus_batches(parquet: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _castable_to_string(type_: pa.DataType) -> bool:
+    """Columns whose values are text as they are: strings, and integers (ids in the wild)."""
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_integer(type_)
+
+
+def _parquet_corpus_batches(path: Path, parquet: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
     names = parquet.schema_arrow.names
     columns = [name for name in CORPUS_SCHEMA.names if name in names]
-    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+    start = 0
+    batches = parquet.iter_batches(batch_size=batch_rows, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, OSError) as err:  # a damaged data page or a file cut short
+            raise DataFormatError(path, start, None, f"unreadable rows from here on ({err})") from err
+        ids = pc.cast(batch.column("id"), pa.string())
+        if ids.null_count:
+            row = start + int(pc.index(pc.is_null(ids), True).as_py())
+            raise DataFormatError(path, row, "id", "expected a string or an integer, got null")
         title, text = (pc.fill_null(pc.cast(batch.column(n), pa.string()), "") for n in ("title", "text"))
         if "contents" in names:
             contents = pc.fill_null(pc.cast(batch.column("contents"), pa.string()), "")
         else:
             contents = pc.binary_join_element_wise('"', title, '"\n', text, "")
-        ids = pc.cast(batch.column("id"), pa.string())
         yield pa.RecordBatch.from_arrays([ids, title, text, contents], schema=CORPUS_SCHEMA)
+        start += batch.num_rows
 
 
 def read_corpus(path: str | Path) -> pa.Table:

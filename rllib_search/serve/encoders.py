@@ -95,6 +95,24 @@ class EncoderSpec:
         return cls(**data)
 
 
+def encoder_width(name_or_path: str) -> int | None:
+    """The embedding width (``hidden_size``) of an encoder, read from its ``config.json`` without loading
+    the model or downloading anything: a local folder or bundled alias, else a hub name's config already in
+    the Hugging Face cache; None when neither has it."""
+    local = Path(resolve_model_path(name_or_path))
+    config_path: Path | None = local / "config.json" if local.is_dir() else None
+    if config_path is None:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(name_or_path, "config.json")
+        except ValueError:  # not a valid hub repository name
+            cached = None
+        config_path = Path(cached) if isinstance(cached, str) else None
+    width = _read_json(config_path).get("hidden_size") if config_path is not None else None
+    return width if isinstance(width, int) and width > 0 else None
+
+
 def _family_hints(name_or_path: str, folder: Path | None) -> list[str]:
     """Strings that may name the model's family: its name, and a local folder's last path components
     (a hub cache keeps the name two levels up: ``models--intfloat--e5-base-v2/snapshots/<hash>``) and

@@ -60,8 +60,8 @@ def build_index(
     corpus, out = Path(corpus), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # a rebuild that fails must not look complete
-    checksum = _sha256(corpus)
-    count = _stage_corpus(corpus, out / CORPUS_FILE)
+    checksum = file_sha256(corpus)
+    count = stage_corpus(corpus, out / CORPUS_FILE)
     if count == 0:
         raise DataFormatError(corpus, None, None, "the corpus has no passages")
     table = open_corpus(out / CORPUS_FILE)
@@ -113,7 +113,7 @@ def _build_spec(kind: str, encoder: str | EncoderSpec | None) -> EncoderSpec | N
     return EncoderSpec.for_model(encoder or DEFAULT_ENCODER)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -121,7 +121,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _stage_corpus(source: Path, target: Path) -> int:
+def stage_corpus(source: Path, target: Path) -> int:
     """Write a corpus jsonl or parquet to ``target`` as an Arrow IPC file, batch by batch; returns rows."""
     return write_batches_atomically(corpus_batches(source, STAGING_BATCH_ROWS), target, _arrow_ipc_writer)
 

@@ -2,6 +2,8 @@
 
 - ``rllib-search index build --corpus CORPUS --kind flat|hnsw|ivfpq|bm25|random --out DIR``
   (``--encoder`` for the dense kinds, default ``intfloat/e5-base-v2``; per-kind options below).
+- ``rllib-search index import --faiss e5_Flat.index --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2
+  --out DIR``: a faiss index built elsewhere (Search-R1's) as an index directory, nothing re-encoded.
 - ``rllib-search index info DIR``: print the manifest.
 """
 
@@ -64,6 +66,26 @@ def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     build.set_defaults(func=cmd_index_build)
 
+    imp = commands.add_parser(
+        "import", help="import a faiss index built elsewhere (Search-R1's e5_Flat.index) without re-encoding"
+    )
+    imp.add_argument("--faiss", required=True, help="the faiss index file (IndexFlatIP, HNSW-Flat or IVF-PQ)")
+    imp.add_argument(
+        "--corpus", required=True, help="its corpus .jsonl ({id, contents}) or .parquet, in order"
+    )
+    imp.add_argument("--out", required=True, help="index directory to write")
+    imp.add_argument(
+        "--encoder", help="the model that embedded the passages (default: intfloat/e5-base-v2, Search-R1's)"
+    )
+    imp.add_argument("--pooling", choices=("mean", "cls"), help="override the encoder family's pooling")
+    imp.add_argument("--query-prefix", help="override the encoder family's query prefix")
+    imp.add_argument("--passage-prefix", help="override the encoder family's passage prefix")
+    imp.add_argument("--max-length", type=int, help="override the encoder's maximum tokens per text")
+    imp.add_argument(
+        "--copy", action="store_true", help="copy the faiss file even where a hard link would do"
+    )
+    imp.set_defaults(func=cmd_index_import)
+
     info = commands.add_parser("info", help="print an index directory's manifest")
     info.add_argument("dir", help="index directory")
     info.set_defaults(func=cmd_index_info)
@@ -107,6 +129,24 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     print(
         f"[index] {manifest['kind']} index of {manifest['count']} passages{dim} in {args.out} "
         f"({seconds:.1f} s, resident memory {resident_memory_mb():.0f} MB)"
+    )
+    return 0
+
+
+def cmd_index_import(args: argparse.Namespace) -> int:
+    """``index import``: a foreign faiss index and its corpus as an index directory."""
+    from rllib_search.serve.encoders import DEFAULT_ENCODER, EncoderSpec
+    from rllib_search.serve.index_import import import_faiss_index
+
+    overrides = {field: getattr(args, field) for field in ENCODER_FLAGS if getattr(args, field) is not None}
+    encoder = EncoderSpec.for_model(args.encoder or DEFAULT_ENCODER, **overrides)
+    start = time.perf_counter()
+    manifest = import_faiss_index(args.faiss, args.corpus, args.out, encoder=encoder, copy=args.copy)
+    seconds = time.perf_counter() - start
+    print(
+        f"[index] imported {manifest['faiss']['type']} ({manifest['kind']}) of {manifest['count']} passages, "
+        f"dim {manifest['dim']}, encoder {manifest['encoder']['name_or_path']} into {args.out} "
+        f"(faiss file: {manifest['imported_from']['how']}; {seconds:.1f} s)"
     )
     return 0
 

@@ -28,6 +28,7 @@ CORPUS_FILE = "corpus.arrow"
 FAISS_FILE = "index.faiss"
 BM25_DIR = "bm25"
 MANIFEST_VERSION = 1
+CORPUS_COLUMNS = ("id", "title", "text", "contents")
 MANIFEST_KEYS = ("kind", "encoder", "dim", "count", "corpus_file", "options", "version")
 
 DENSE_KINDS = ("flat", "hnsw", "ivfpq")
@@ -41,6 +42,16 @@ KIND_OPTIONS: dict[str, dict[str, Any]] = {
     "random": {"seed": 0},
 }
 BM25_STOPWORDS = "en"
+# The manifest's ``encoder`` object (``EncoderSpec.to_dict``): field -> accepted types.
+ENCODER_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "name_or_path": (str,),
+    "pooling": (str,),
+    "query_prefix": (str,),
+    "passage_prefix": (str,),
+    "max_length": (int,),
+    "normalize": (bool,),
+}
+ENCODER_REQUIRED_FIELDS = ("name_or_path", "pooling", "query_prefix", "passage_prefix")
 
 
 class IndexMismatchError(ValueError):
@@ -69,7 +80,50 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
         raise IndexFileError(f"{path}: manifest version {manifest['version']!r}, expected {MANIFEST_VERSION}")
     if manifest["kind"] not in KINDS:
         raise IndexFileError(f"{path}: unknown index kind {manifest['kind']!r}")
+    problem = _type_problem(manifest)
+    if problem is not None:
+        raise IndexFileError(f"{path}: {problem}")
     return manifest
+
+
+def _type_problem(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the types of a manifest's values (a hand-edited or foreign file), or None."""
+
+    def count_like(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    kind, encoder, dim = manifest["kind"], manifest["encoder"], manifest["dim"]
+    if not count_like(manifest["count"]):
+        return f"key 'count': expected a non-negative integer, got {manifest['count']!r}"
+    corpus_file = manifest["corpus_file"]
+    if (
+        not isinstance(corpus_file, str)
+        or not corpus_file
+        or Path(corpus_file).is_absolute()
+        or (".." in Path(corpus_file).parts)
+    ):
+        return f"key 'corpus_file': expected a file name inside the index directory, got {corpus_file!r}"
+    if not isinstance(manifest["options"], dict):
+        return f"key 'options': expected an object, got {type(manifest['options']).__name__}"
+    missing = sorted(KIND_OPTIONS[kind].keys() - manifest["options"].keys())
+    if missing:
+        return f"key 'options': a {kind} index needs option(s) {', '.join(missing)}"
+    if kind in DENSE_KINDS:
+        if not count_like(dim) or dim == 0:
+            return f"key 'dim': a {kind} index needs a positive integer, got {dim!r}"
+        if not isinstance(encoder, dict):
+            return f"key 'encoder': a {kind} index needs an encoder object, got {encoder!r}"
+        for field, types in ENCODER_FIELD_TYPES.items():
+            if field in ENCODER_REQUIRED_FIELDS and field not in encoder:
+                return f"key 'encoder': missing field {field!r}"
+            if field in encoder and not isinstance(encoder[field], types):
+                return f"key 'encoder.{field}': expected {types[0].__name__}, got {encoder[field]!r}"
+        unknown = sorted(encoder.keys() - ENCODER_FIELD_TYPES.keys())
+        if unknown:
+            return f"key 'encoder': unknown field(s) {', '.join(unknown)}"
+    elif encoder is not None:
+        return f"key 'encoder': a {kind} index uses no encoder, got {encoder!r}"
+    return None
 
 
 def write_manifest(path: Path, data: dict[str, Any]) -> None:
@@ -84,6 +138,12 @@ def open_corpus(path: Path) -> pa.Table:
     if not path.exists():
         raise FileNotFoundError(f"{path}: the index's corpus file is missing")
     try:
-        return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
     except (pa.ArrowInvalid, OSError) as err:
         raise IndexFileError(f"{path}: not a readable Arrow IPC corpus ({err})") from err
+    for name in CORPUS_COLUMNS:
+        if name not in table.column_names:
+            raise IndexFileError(f"{path}: the corpus has no {name!r} column")
+        if not pa.types.is_string(table.schema.field(name).type):
+            raise IndexFileError(f"{path}: column {name!r} is {table.schema.field(name).type}, not string")
+    return table

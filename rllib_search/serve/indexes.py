@@ -61,9 +61,20 @@ def load_index(
             faiss_index.hnsw.efSearch = options["ef_search"]
         elif kind == "ivfpq":
             faiss_index.nprobe = options["nprobe"]
+        if faiss_index.d != manifest["dim"]:
+            raise IndexFileError(
+                f"{index_dir / FAISS_FILE}: {faiss_index.d}-dimensional vectors, the manifest says "
+                f"{manifest['dim']}"
+            )
+        text_encoder = TextEncoder(spec, device=device, dtype=dtype)
+        if text_encoder.dim != faiss_index.d:
+            raise IndexMismatchError(
+                f"{index_dir / FAISS_FILE}: {faiss_index.d}-dimensional vectors, but encoder "
+                f"{spec.name_or_path!r} embeds in {text_encoder.dim}"
+            )
         if device is None or str(device).startswith("cuda"):
             faiss_index = _on_gpus(faiss_index, kind)
-        return DenseSearchIndex(manifest, corpus, TextEncoder(spec, device=device, dtype=dtype), faiss_index)
+        return DenseSearchIndex(manifest, corpus, text_encoder, faiss_index)
     if kind == "bm25":
         return BM25SearchIndex(manifest, corpus, _read_bm25(index_dir / BM25_DIR, mmap))
     return RandomSearchIndex(manifest, corpus, seed=options["seed"])
@@ -127,7 +138,11 @@ def _read_faiss(path: Path, mmap: bool, count: int) -> faiss.Index:
         except RuntimeError as err:
             logger.warning("%s: cannot memory-map this faiss index (%s); reading it into memory", path, err)
     if index is None:
-        index = faiss.read_index(str(path))
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as err:
+            reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            raise IndexFileError(f"{path}: not a readable faiss index ({reason})") from err
     if index.ntotal != count:
         raise IndexFileError(f"{path}: {index.ntotal} vectors, the manifest says {count}")
     return index
@@ -151,4 +166,8 @@ def _on_gpus(index: faiss.Index, kind: str) -> faiss.Index:
 def _read_bm25(path: Path, mmap: bool) -> bm25s.BM25:
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: the index's BM25 directory is missing")
-    return bm25s.BM25.load(str(path), mmap=mmap, load_vocab=True, show_progress=False)
+    try:
+        # allow_pickle=False (bm25s's default, stated): an index's arrays are plain .npy, never pickles.
+        return bm25s.BM25.load(str(path), mmap=mmap, load_vocab=True, allow_pickle=False, show_progress=False)
+    except (OSError, ValueError, KeyError, EOFError) as err:
+        raise IndexFileError(f"{path}: not a readable BM25 index ({type(err).__name__}: {err})") from err

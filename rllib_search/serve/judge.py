@@ -33,6 +33,7 @@ from ray import serve
 
 from rllib_search.llm.engines.base import SamplingParams
 from rllib_search.metrics import record
+from rllib_search.serve.http_validation import invalid_unicode, printable, validation_message
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 def _error(message: str, status: int) -> JSONResponse:
     kind = "NotFoundError" if status == 404 else "BadRequestError"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    body = {"error": {"message": printable(message), "type": kind, "code": status}}
+    return JSONResponse(body, status_code=status)
 
 
 http_app = FastAPI(title="rllib-search evidence judge", description="A subset of the OpenAI API")
@@ -122,11 +124,7 @@ http_app = FastAPI(title="rllib-search evidence judge", description="A subset of
 @http_app.exception_handler(RequestValidationError)
 async def _malformed_request(request: Request, error: RequestValidationError) -> JSONResponse:
     """A body that is not JSON or not of the schema: 400 with the validator's words, as vLLM answers."""
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in item.get('loc', ()))}: {item.get('msg', '')}"
-        for item in error.errors()
-    )
-    return _error(f"malformed request: {problems}", 400)
+    return _error(validation_message(error), 400)
 
 
 @dataclass
@@ -283,6 +281,13 @@ class JudgeDeployment:
         stops = tuple(s for s in (stop or ()) if isinstance(s, str) and s)
         if stop is not None and (len(stops) != len(stop) or len(stops) > 8):
             raise JudgeRequestError("stop must be at most 8 non-empty strings")
+        problem = invalid_unicode(stops, "stop")
+        if problem is not None:
+            raise JudgeRequestError(problem)
+        if seed is not None and (
+            not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63
+        ):
+            raise JudgeRequestError(f"seed must be an integer in [0, 2**63), got {seed!r}")
         ids = [self._encode(i, prompt) for i, prompt in enumerate(prompts)]
         params = SamplingParams(temperature, top_p, max_tokens, stops, seed)
         return _Job(ids, params)
@@ -298,11 +303,22 @@ class JudgeDeployment:
                 raise JudgeRequestError(
                     f"{self.served_model_name} has no chat template: send plain prompts (/v1/completions)"
                 )
+            if not prompt:
+                raise JudgeRequestError(f"prompts[{index}] holds no messages")
             messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+            except Exception as err:  # the model's own Jinja template may refuse (roles, order): the caller's
+                message = f"prompts[{index}]: the chat template refused the messages ({err})"
+                raise JudgeRequestError(message) from err
             add_special = False
         else:
             raise JudgeRequestError(f"prompts[{index}] must be a string or a list of chat messages")
+        problem = invalid_unicode([text], f"prompts[{index}]")
+        if problem is not None:
+            raise JudgeRequestError(problem.replace(f"prompts[{index}][0]", f"prompts[{index}]"))
         if len(text) > self.limits.max_prompt_chars:
             raise JudgeRequestError(
                 f"prompts[{index}] has {len(text)} characters, at most {self.limits.max_prompt_chars} allowed"

@@ -24,13 +24,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 
 from rllib_search.data.retrieval import Passage
 from rllib_search.metrics import record
+from rllib_search.serve.http_validation import invalid_unicode, printable, validation_message
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ class RequestLimits:
                 return f"queries[{i}] must be a string, got {type(query).__name__}"
             if len(query) > self.max_query_chars:
                 return f"queries[{i}] has {len(query)} characters, at most {self.max_query_chars} allowed"
-        return None
+        return invalid_unicode(queries, "queries")
 
 
 class RetrieveRequest(BaseModel):
@@ -78,6 +80,13 @@ def passage_to_json(passage: Passage, return_scores: bool) -> dict[str, Any]:
 
 
 http_app = FastAPI(title="rllib-search retriever", description="Search-R1-compatible retrieval service")
+
+
+@http_app.exception_handler(RequestValidationError)
+async def _malformed_request(request: Request, error: RequestValidationError) -> JSONResponse:
+    """A body that is not JSON or not of the schema: 422 with the validator's words, not the input (which
+    may not be encodable; FastAPI's default echoes it)."""
+    return JSONResponse({"detail": validation_message(error)}, status_code=422)
 
 
 # Requests above max_ongoing_requests wait in the caller's router, which re-offers them with backoff: with
@@ -170,7 +179,7 @@ class RetrieverDeployment:
         problem = self.limits.check(request.queries, request.topk)
         if problem is not None:
             status = 413 if len(request.queries) > self.limits.max_queries else 422
-            return JSONResponse({"detail": problem}, status_code=status)
+            return JSONResponse({"detail": printable(problem)}, status_code=status)
         results = await self.search(request.queries, request.topk)
         body = [[passage_to_json(p, request.return_scores) for p in passages] for passages in results]
         return JSONResponse({"result": body})

@@ -10,19 +10,45 @@ local one; binds HTTP to 127.0.0.1 unless ``--host`` says otherwise; serves unti
 ``--high-throughput`` starts the local Ray with Ray's high-throughput Serve settings
 (``RAY_SERVE_ENABLE_HA_PROXY=1``, ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``): HAProxy on ``--port`` forwards
 HTTP straight to each replica's own HTTP server (ports 30000-31000, which Ray binds on all interfaces so
-HAProxy on other nodes can reach them) instead of through the Python proxy actor. On a cluster, export the
-two variables before ``ray start`` on every node.
+HAProxy on other nodes can reach them: the command warns so) instead of through the Python proxy actor. On a
+cluster, export the two variables before ``ray start`` on every node. See ``docs/security.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from typing import Any
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+logger = logging.getLogger(__name__)
+
 # Ray's documented high-throughput Serve mode (Ray >= 2.55); read when Ray's processes start.
 HIGH_THROUGHPUT_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Serve's ``http_options`` from the command line: 127.0.0.1 unless ``--host`` says otherwise."""
+    return {"host": args.host, "port": args.port}
+
+
+def exposure_warnings(host: str, high_throughput: bool) -> list[str]:
+    """What a service started with these settings exposes beyond this machine's loopback interface."""
+    lines = []
+    if host not in LOOPBACK_HOSTS:
+        lines.append(
+            f"HTTP binds {host}: the service answers anyone who can reach this machine (there is no "
+            "authentication on /retrieve or /v1/*); put it behind a firewall or an authenticating proxy"
+        )
+    if high_throughput:
+        lines.append(
+            "--high-throughput: each replica's own HTTP server binds ALL interfaces on ports 30000-31000 "
+            "(Ray's HAProxy mode, so HAProxy on other nodes can reach it), whatever --host says; firewall "
+            "those ports on machines reachable from outside the cluster"
+        )
+    return lines
 
 
 def add_serve_commands(subparsers: Any) -> None:
@@ -159,6 +185,9 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
     else:
         address = cluster_address()
     high_throughput = getattr(args, "high_throughput", False)
+    for line in exposure_warnings(args.host, high_throughput):
+        logger.warning(line)
+        print(f"[serve] warning: {line}", flush=True)
     if high_throughput and address is None:
         os.environ.update(HIGH_THROUGHPUT_ENV)  # inherited by the Ray processes ray.init starts
     elif high_throughput:
@@ -171,7 +200,7 @@ def _serve(args: argparse.Namespace, build: Any, name: str, prefix: str, what: s
     if not address:
         patient_serve_proxies()
     ray.init(address=address or "local", ignore_reinit_error=True)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.start(http_options=http_options(args))
     serve.run(build(), name=name, route_prefix=prefix)
     ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "proxy actor"
     url = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"

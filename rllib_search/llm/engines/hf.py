@@ -195,7 +195,12 @@ class _Sampler(LogitsProcessor):
             logp = torch.log_softmax(logits, dim=-1)
             tokens = logits.argmax(dim=-1)
         else:
-            logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            # Shifted so the best logit is 0, and the temperature at least fp32's smallest normal (1e-308 is 0
+            # in fp32): the same distribution, and a tiny temperature gives 0 / -inf, not the NaN of
+            # inf - inf or 0 / 0 (which multinomial refuses).
+            shifted = logits - logits.max(dim=-1, keepdim=True).values
+            temperature = max(float(self.temperature), torch.finfo(logits.dtype).tiny)
+            logp = torch.log_softmax(shifted / temperature, dim=-1)
             if self.top_p < 1.0:
                 logp = _nucleus(logp, self.top_p)
             tokens = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
@@ -207,7 +212,10 @@ def _nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logp, order = logp.sort(dim=-1, descending=True)
     probs = sorted_logp.exp()
     mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logp = sorted_logp.masked_fill(mass_before >= top_p, float("-inf"))  # never the first token
+    drop = mass_before >= top_p
+    # The most likely token always stays: a top_p below fp32's smallest value (1e-133) compares as 0.
+    drop[:, 0] = False
+    sorted_logp = sorted_logp.masked_fill(drop, float("-inf"))
     return torch.log_softmax(torch.full_like(logp, float("-inf")).scatter(1, order, sorted_logp), dim=-1)
 
 
