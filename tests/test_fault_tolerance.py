@@ -209,6 +209,16 @@ def test_the_recipe_job_resumes_from_its_newest_checkpoint(
     assert checkpoints == ["checkpoint_000002", "checkpoint_000003"]
     assert Path(resumed["checkpoint"], "learner_group").is_dir()
 
+    # A checkpoint damaged after it was written (a truncated state file) is refused by name on resume.
+    from rllib_search.algos.checkpoint_check import CheckpointError
+
+    newest = tmp_path / "out" / "checkpoints" / "checkpoint_000003"
+    state = next(newest.glob("algorithm_state.*"))
+    state.write_bytes(state.read_bytes()[:10])
+    resume = parser.parse_args([*common, "--resume", "--iterations", "4"])
+    with pytest.raises(CheckpointError, match=state.name), RecipeJob("tiny", resume) as job:
+        job.train(make_config(SearchGRPOConfig, searching_model, world, corpus))
+
 
 def test_the_latest_checkpoint_is_never_a_half_written_one(tmp_path):
     from rllib_search.algos.checkpoints import checkpoints, latest_checkpoint

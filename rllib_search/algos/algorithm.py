@@ -57,6 +57,7 @@ from ray.rllib.utils.metrics import (
 from rllib_search.algos import dashboard_metrics
 from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
 from rllib_search.algos.batching import pad_rollouts
+from rllib_search.algos.checkpoint_check import check_checkpoint
 from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
 from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
@@ -354,7 +355,11 @@ class SearchAlgorithm(Algorithm):
 
     def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
         """RLlib's restore, then every remote EnvRunner gets the restored weights and its own data position
-        (RLlib sends remote runners the local runner's state, and its weight sync may be dropped)."""
+        (RLlib sends remote runners the local runner's state, and its weight sync may be dropped). The
+        directory is checked file by file first (``check_checkpoint``: a truncated or corrupt file is named,
+        nothing is unpickled before its structure is read)."""
+        if not kwargs.get("component"):
+            check_checkpoint(path)
         super().restore_from_path(path, *args, **kwargs)
         self._push_to_remote_runners(weights=True)
 
