@@ -19,9 +19,12 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    passage's entity, or copies its query, on about a quarter of 1-hop questions. The teacher never made
    that mistake, so SFT never saw it punished; the EM reward does. (Measured: with 1-hop demonstrations,
    the warm-started model searches exactly once on 2-hop questions and never reaches their answers, so RL
-   on 2-hop questions alone gets no reward signal in a CPU-sized budget; ``--rl-hops 1,2`` adds them.)
-5. **Evaluation after each stage**, a table (EM before / after warm start / after RL, 1-hop and 2-hop
-   apart), a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json`` and ``training.png``.
+   on 2-hop questions alone gets no reward signal in a CPU-sized budget; ``--rl-two-hop N`` adds N of
+   them, ``--rl-one-hop`` sets the 1-hop count, ``--rl-top-layers`` trains only the top blocks.)
+5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
+   searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
+   and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
+   ``predictions.jsonl`` and ``training.png`` (EM per stage with intervals).
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-lr", type=float, default=8e-5)
     p.add_argument("--rl-iterations", type=int, default=5)
     p.add_argument("--prompts", type=int, default=4, help="questions per GRPO iteration")
-    p.add_argument("--rl-two-hop", type=int, default=400, help="2-hop questions in the RL set")
-    p.add_argument("--rl-one-hop", type=int, default=100, help="1-hop questions mixed into the RL set")
+    p.add_argument("--rl-two-hop", type=int, default=0, help="2-hop questions in the RL set")
+    p.add_argument("--rl-one-hop", type=int, default=400, help="1-hop questions in the RL set")
     p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
     p.add_argument("--minibatch", type=int, default=8, help="episodes per optimizer step (GRPO)")
     p.add_argument("--group-size", type=int, default=4)
