@@ -211,3 +211,34 @@ def test_r_search_grpo_trains_end_to_end_with_the_served_judge(judge_url, two_an
         assert all(np.isfinite(stats["policy_loss"]) for stats in learner)
     finally:
         algo.stop()
+
+
+def test_a_training_run_goes_on_when_its_judge_is_down(service, two_answer_policy_dir):
+    """A judge that never answers (nothing listens on its port) during a GRPO run: each iteration counts
+    the failure for every judged episode, scores their evidence 0, and still trains on the answers."""
+    down = {"type": "url", "url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 1, "backoff_s": 0.01}
+    env_config = {
+        "retriever": {"type": "serve", "timeout_s": 60},
+        "dataset": RECORDS[:1],
+        "judge": down,
+        **ENV,
+    }
+    config = (
+        SearchGRPOConfig()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config={"model": str(two_answer_policy_dir)})
+        .rollouts(group_size=4, prompts_per_sample=2, max_turn_tokens=48, temperature=1.0)
+        .training(lr=1e-3, micro_batch_size=4, minibatch_size=8)
+        .debugging(seed=3)
+    )
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    for result in results:
+        runners, learner = result["env_runners"], result["learners"]["default_policy"]
+        assert runners["num_episodes"] == 8  # no episode lost
+        assert runners["judge_calls"] == 1 and runners["judge_errors"] > 0
+        assert runners["reward"]["judge_error"] > 0 and runners["reward"]["evidence_f1"] == 0.0
+        assert np.isfinite(learner["policy_loss"]) and learner["gradients_policy_global_norm"] > 1e-3
