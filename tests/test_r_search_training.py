@@ -72,6 +72,20 @@ def runner_config(policy_dir, world, judge, **rollouts) -> SearchConfig:
     )
 
 
+def two_answer_grpo_config(policy_dir, judge) -> SearchGRPOConfig:
+    """GRPO of the two-answer policy on one question (gold: Velmora) with the given judge spec."""
+    retriever = {"type": "serve", "timeout_s": 60}
+    env_config = {"retriever": retriever, "dataset": RECORDS[:1], "judge": judge, **ENV}
+    return (
+        SearchGRPOConfig()
+        .environment(ENV_ID, env_config=env_config)
+        .rl_module(model_config={"model": str(policy_dir)})
+        .rollouts(group_size=4, prompts_per_sample=2, max_turn_tokens=48, temperature=1.0)
+        .training(lr=1e-3, micro_batch_size=4, minibatch_size=8)
+        .debugging(seed=3)
+    )
+
+
 def with_evidence(rollouts):
     return [r for r in rollouts if r.reward_components["judge_error"] or r.evidence_answer is not None]
 
@@ -177,21 +191,8 @@ def test_a_judge_of_the_policys_family_is_refused(judge_url, judge_model_dir, wo
 
 
 def test_r_search_grpo_trains_end_to_end_with_the_served_judge(judge_url, two_answer_policy_dir):
-    env_config = {
-        "retriever": {"type": "serve", "timeout_s": 60},
-        "dataset": RECORDS[:1],  # gold: Velmora
-        "judge": {"type": "serve", "app": "judge", "max_tokens": 8},
-        **ENV,
-    }
-    config = (
-        SearchGRPOConfig()
-        .environment(ENV_ID, env_config=env_config)
-        .rl_module(model_config={"model": str(two_answer_policy_dir)})
-        .rollouts(group_size=4, prompts_per_sample=2, max_turn_tokens=48, temperature=1.0)
-        .training(lr=1e-3, micro_batch_size=4, minibatch_size=8)
-        .debugging(seed=3)
-    )
-    algo = config.build_algo()
+    judge = {"type": "serve", "app": "judge", "max_tokens": 8}
+    algo = two_answer_grpo_config(two_answer_policy_dir, judge).build_algo()
     try:
         judge = JudgeClient.from_app("judge")
         requests_before = judge.describe()["requests"]
@@ -217,21 +218,7 @@ def test_a_training_run_goes_on_when_its_judge_is_down(service, two_answer_polic
     """A judge that never answers (nothing listens on its port) during a GRPO run: each iteration counts
     the failure for every judged episode, scores their evidence 0, and still trains on the answers."""
     down = {"type": "url", "url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 1, "backoff_s": 0.01}
-    env_config = {
-        "retriever": {"type": "serve", "timeout_s": 60},
-        "dataset": RECORDS[:1],
-        "judge": down,
-        **ENV,
-    }
-    config = (
-        SearchGRPOConfig()
-        .environment(ENV_ID, env_config=env_config)
-        .rl_module(model_config={"model": str(two_answer_policy_dir)})
-        .rollouts(group_size=4, prompts_per_sample=2, max_turn_tokens=48, temperature=1.0)
-        .training(lr=1e-3, micro_batch_size=4, minibatch_size=8)
-        .debugging(seed=3)
-    )
-    algo = config.build_algo()
+    algo = two_answer_grpo_config(two_answer_policy_dir, down).build_algo()
     try:
         results = [algo.train() for _ in range(2)]
     finally:

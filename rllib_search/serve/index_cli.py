@@ -33,6 +33,14 @@ KIND_FLAGS = {
 ENCODER_FLAGS = ("pooling", "query_prefix", "passage_prefix", "max_length")
 
 
+def add_encoder_overrides(parser: argparse.ArgumentParser) -> None:
+    """The encoder-family overrides that `index build` and `index import` share."""
+    parser.add_argument("--pooling", choices=("mean", "cls"), help="override the encoder family's pooling")
+    parser.add_argument("--query-prefix", help="override the encoder family's query prefix")
+    parser.add_argument("--passage-prefix", help="override the encoder family's passage prefix")
+    parser.add_argument("--max-length", type=int, help="override the encoder's maximum tokens per text")
+
+
 def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register ``index build`` and ``index info`` on a CLI's subcommands."""
     from rllib_search.serve.index_manifest import KINDS
@@ -47,10 +55,7 @@ def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--encoder", help="dense kinds: hub name, local path or bundled alias (default: intfloat/e5-base-v2)"
     )
-    build.add_argument("--pooling", choices=("mean", "cls"), help="override the encoder family's pooling")
-    build.add_argument("--query-prefix", help="override the encoder family's query prefix")
-    build.add_argument("--passage-prefix", help="override the encoder family's passage prefix")
-    build.add_argument("--max-length", type=int, help="override the encoder's maximum tokens per text")
+    add_encoder_overrides(build)
     build.add_argument("--batch-size", type=int, default=256, help="passages encoded per batch")
     build.add_argument("--hnsw-m", type=int, help="hnsw: graph neighbours per node (default 32)")
     build.add_argument("--ef-construction", type=int, help="hnsw: build-time beam width (default 200)")
@@ -77,10 +82,7 @@ def add_index_commands(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument(
         "--encoder", help="the model that embedded the passages (default: intfloat/e5-base-v2, Search-R1's)"
     )
-    imp.add_argument("--pooling", choices=("mean", "cls"), help="override the encoder family's pooling")
-    imp.add_argument("--query-prefix", help="override the encoder family's query prefix")
-    imp.add_argument("--passage-prefix", help="override the encoder family's passage prefix")
-    imp.add_argument("--max-length", type=int, help="override the encoder's maximum tokens per text")
+    add_encoder_overrides(imp)
     imp.add_argument(
         "--copy", action="store_true", help="copy the faiss file even where a hard link would do"
     )
