@@ -71,6 +71,29 @@ def test_teacher_demonstrations_carry_the_teachers_ids_once_tokenised(
     assert np.mean([d.answer == r.golden_answers[0] for d, r in zip(demos, records)]) == 1.0
 
 
+def test_a_teacher_that_states_its_plan_names_every_hop_first_and_still_answers(
+    smollm2_tokenizer, world, world_retriever
+):
+    config = SearchEnvConfig(protocol="search_r1", max_turns=4)
+    records = [r for r in world.train if len(hops_of(r)) == 2][:3] + [
+        r for r in world.train if len(hops_of(r)) == 1
+    ][:3]
+    plain = teacher_rollouts(smollm2_tokenizer, world_retriever, records, config)
+    planned = teacher_rollouts(smollm2_tokenizer, world_retriever, records, config, state_plan=True)
+    for record, without, with_plan in zip(records, plain, planned):
+        hops = hops_of(record)
+        first = smollm2_tokenizer.decode(with_plan.token_ids[slice(*with_plan.turn_spans[0])].tolist())
+        if len(hops) == 2:
+            relation = hops[1]["query"].removeprefix(hops[0]["answer"]).strip()
+            assert f"I need to search for {hops[0]['query']}, then its {relation}." in first
+            assert hops[0]["answer"] not in first  # the plan cannot know what hop 1 will find
+        else:
+            assert f"I need to search for {hops[0]['query']}." in first
+            assert with_plan.token_ids.tolist() == without.token_ids.tolist()
+        assert with_plan.answer == record.golden_answers[0]
+        assert with_plan.stats["searches"] == len(hops)
+
+
 def test_episodes_finish_turn_by_turn_and_are_all_scored(smollm2_tokenizer, world, world_retriever):
     config = SearchEnvConfig(protocol="search_r1", max_turns=4)
     records = world.train[:8]

@@ -20,7 +20,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    that mistake, so SFT never saw it punished; the EM reward does. (Measured: with 1-hop demonstrations,
    the warm-started model searches exactly once on 2-hop questions and never reaches their answers, so RL
    on 2-hop questions alone gets no reward signal in a CPU-sized budget; ``--rl-two-hop N`` adds N of
-   them, ``--rl-one-hop`` sets the 1-hop count, ``--rl-top-layers`` trains only the top blocks.)
+   them, ``--rl-one-hop`` sets the 1-hop count, ``--rl-top-layers`` trains only the top blocks;
+   ``--state-plan`` has the teacher name every hop in its first thought, which lets the warm-started model
+   search again more on 2-hop than on 1-hop questions: measured 1.70 vs 1.04 searches per episode.)
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
@@ -51,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demonstrations", type=int, default=120, help="1-hop teacher trajectories for SFT")
     p.add_argument(
         "--two-hop-demonstrations", type=int, default=40, help="2-hop teacher trajectories mixed into SFT"
+    )
+    p.add_argument(
+        "--state-plan",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the teacher's first thought names every hop ('..., then its country.')",
     )
     p.add_argument("--sft-steps", type=int, default=8)
     p.add_argument("--sft-batch", type=int, default=8)
@@ -164,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     demonstrated = {record.uid for record in demo_questions}
     undemonstrated = {h: [r for r in by_hops[h] if r.uid not in demonstrated] for h in (1, 2)}
     rl_questions = undemonstrated[2][: args.rl_two_hop] + undemonstrated[1][: args.rl_one_hop]
-    demos = teacher_rollouts(tokenizer, client, demo_questions, SearchEnvConfig.from_dict(env_settings))
+    demos = teacher_rollouts(
+        tokenizer, client, demo_questions, SearchEnvConfig.from_dict(env_settings), state_plan=args.state_plan
+    )
     say(
         f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
         f"{args.two_hop_demonstrations} 2-hop)"

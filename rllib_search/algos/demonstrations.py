@@ -27,13 +27,15 @@ def teacher_rollouts(
     records: Sequence[QARecord],
     env_config: SearchEnvConfig,
     batch_size: int = 32,
+    state_plan: bool = False,
 ) -> list[Rollout]:
-    """One teacher episode per record (in order), as Rollouts with group id ``demo:<uid>``."""
+    """One teacher episode per record (in order), as Rollouts with group id ``demo:<uid>``;
+    ``state_plan``: the teacher's first thought names every hop (see ``TeacherPolicy``)."""
     rollouts: list[Rollout] = []
     for offset in range(0, len(records), batch_size):
         batch = list(records[offset : offset + batch_size])
         envs = [MultiTurnSearchEnv(tokenizer, retriever, None, env_config) for _ in batch]
-        teacher = ScriptedPolicy("teacher", envs[0].protocol, tokenizer)
+        teacher = ScriptedPolicy("teacher", envs[0].protocol, tokenizer, state_plan=state_plan)
         ends = roll_out(envs, batch, teacher, retriever)
         rollouts.extend(
             Rollout.from_env(env, f"demo:{record.uid}", 0, ends.terminated[i], ends.truncated[i])

@@ -63,7 +63,8 @@ _MALFORMED = (
 
 class ScriptedPolicy:
     """A scripted policy's turns (see the module docstring). ``guesses`` are ``no_search``'s answers;
-    ``seed`` seeds its choices and the noisy teacher's."""
+    ``seed`` seeds its choices and the noisy teacher's; ``state_plan`` is the teacher's (see
+    :class:`~rllib_search.env.teacher.TeacherPolicy`)."""
 
     def __init__(
         self,
@@ -72,13 +73,14 @@ class ScriptedPolicy:
         tokenizer: Any,
         guesses: Sequence[str] = (),
         seed: int = 0,
+        state_plan: bool = False,
     ) -> None:
         if name not in SCRIPTED_POLICIES:
             raise ValueError(f"unknown policy {name!r}; known: {SCRIPTED_POLICIES}")
         self.name = name
         self.protocol = protocol
         self.tokenizer = tokenizer
-        self.teacher = TeacherPolicy(protocol)
+        self.teacher = TeacherPolicy(protocol, state_plan)
         self.guesses = list(guesses)
         self.rng = random.Random(seed)
 
