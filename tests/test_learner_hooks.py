@@ -77,6 +77,22 @@ def test_warmup_factor_is_linear_then_constant():
     assert LearningRateWarmup(0.0, None).factor(0) == 1.0
 
 
+def test_linear_decay_falls_from_the_warmup_peak_to_zero_at_the_last_step():
+    decay = LearningRateWarmup(0.2, 10, decay="linear")  # 2 warmup steps, peak at step 1, 0 at step 10
+    factors = [decay.factor(step) for step in range(11)]
+    np.testing.assert_allclose(factors[:2], [0.5, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(factors[1:], [(10 - step) / 9 for step in range(1, 11)], rtol=1e-6, atol=1e-9)
+    no_warmup = LearningRateWarmup(0.0, 4, decay="linear")
+    np.testing.assert_allclose([no_warmup.factor(s) for s in range(5)], [1, 0.75, 0.5, 0.25, 0], atol=1e-9)
+    with pytest.raises(ValueError, match="total_training_steps"):
+        LearningRateWarmup(0.0, None, decay="linear")
+    with pytest.raises(ValueError, match="decay"):
+        LearningRateWarmup(0.0, 4, decay="cosine")
+    with pytest.raises(ValueError, match="lr_decay='linear' needs total_training_steps"):
+        SearchPPOConfig().training(lr_decay="linear").validate_training()
+    SearchPPOConfig().training(lr_decay="linear", total_training_steps=4).validate_training()
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("hooks_model")

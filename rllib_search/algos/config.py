@@ -15,6 +15,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from rllib_search.algos.lr_warmup import LR_DECAYS
 from rllib_search.env.search_env import ENV_ID
 
 ENGINES = ("hf", "vllm")
@@ -47,6 +48,7 @@ class SearchConfig(AlgorithmConfig):
         self.critic_lr = 1e-5
         self.weight_decay = 0.01
         self.warmup_ratio = 0.0
+        self.lr_decay = "constant"
         self.total_training_steps: int | None = None
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
@@ -198,6 +200,7 @@ class SearchConfig(AlgorithmConfig):
         weight_decay: float | Any = NotProvided,
         warmup_ratio: float | Any = NotProvided,
         total_training_steps: int | Any | None = NotProvided,
+        lr_decay: str | Any = NotProvided,
         lambda_: float | Any = NotProvided,
         clip_param: float | Any = NotProvided,
         vf_clip_param: float | Any = NotProvided,
@@ -221,7 +224,8 @@ class SearchConfig(AlgorithmConfig):
 
         - ``advantage_estimator``: ``grpo`` | ``gae`` (PPO) | ``reinforce_pp`` | ``sft``;
         - ``critic_lr``, ``weight_decay`` (AdamW), ``warmup_ratio`` of ``total_training_steps`` optimizer
-          steps of linear warmup;
+          steps of linear warmup, then ``lr_decay``: ``constant`` or ``linear`` (to 0 at
+          ``total_training_steps``);
         - ``lambda_`` (GAE), ``clip_param``, ``vf_clip_param``, ``vf_loss_coeff``, ``entropy_coeff``;
         - ``kl_coeff``, ``kl_estimator`` (``k1`` | ``k3``), ``kl_in_reward`` (PPO, REINFORCE++) or in the
           loss (GRPO);
@@ -274,6 +278,10 @@ class SearchConfig(AlgorithmConfig):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.warmup_ratio > 0 and not self.total_training_steps:
             raise ValueError("warmup_ratio needs total_training_steps (optimizer steps in the run)")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
+        if self.lr_decay == "linear" and not self.total_training_steps:
+            raise ValueError("lr_decay='linear' needs total_training_steps (optimizer steps in the run)")
         for name in ("lr", "critic_lr", "clip_param", "vf_clip_param"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

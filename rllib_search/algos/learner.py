@@ -53,7 +53,9 @@ class SearchLearner(Learner, abc.ABC):
     @override(Learner)
     def build(self) -> None:
         self.optimizer_steps = 0
-        self.warmup = LearningRateWarmup(self.config.warmup_ratio, self.config.total_training_steps)
+        self.warmup = LearningRateWarmup(
+            self.config.warmup_ratio, self.config.total_training_steps, self.config.lr_decay
+        )
         super().build()
 
     # --- the learning-rate schedule (one writer) ----------------------------------------------------

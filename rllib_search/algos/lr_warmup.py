@@ -1,4 +1,5 @@
-"""Linear learning-rate warmup as an RLlib ``Scheduler``, keyed by optimizer steps.
+"""Linear learning-rate warmup (then constant, or a linear decay) as an RLlib ``Scheduler``, keyed by
+optimizer steps.
 
 RLlib's own per-optimizer schedule is keyed by sampled env steps and writes one value into every param
 group after each ``update``; ours is disabled (optimizers are registered with ``lr_or_lr_schedule=None``)
@@ -8,7 +9,9 @@ critic's group under DeepSpeed stays at ``critic_lr``).
 
 The factor is ``min(1, (step + 1) / warmup)`` with ``warmup = ceil(warmup_ratio * total_training_steps)``
 (verl's linear warmup, then constant): a piecewise-linear RLlib schedule from ``1 / warmup`` at step 0
-to 1 at step ``warmup - 1``, and 1 after.
+to 1 at step ``warmup - 1``, and 1 after. With ``decay="linear"`` the factor then falls linearly to 0 at
+step ``total_training_steps`` (Hugging Face's ``linear`` scheduler): a short warm start's last steps then
+move the model less, so where it ends depends less on which examples its last batch drew.
 """
 
 from __future__ import annotations
@@ -25,14 +28,24 @@ def warmup_steps(warmup_ratio: float, total_training_steps: int | None) -> int:
     return max(1, math.ceil(warmup_ratio * total_training_steps))
 
 
+LR_DECAYS = ("constant", "linear")
+
+
 class LearningRateWarmup:
     """The learning-rate multiplier at each optimizer step (see the module docstring)."""
 
-    def __init__(self, warmup_ratio: float, total_training_steps: int | None) -> None:
+    def __init__(
+        self, warmup_ratio: float, total_training_steps: int | None, decay: str = "constant"
+    ) -> None:
+        if decay not in LR_DECAYS:
+            raise ValueError(f"decay must be one of {LR_DECAYS}, got {decay!r}")
+        if decay == "linear" and not total_training_steps:
+            raise ValueError("a linear decay needs total_training_steps (optimizer steps in the run)")
         self.steps = warmup_steps(warmup_ratio, total_training_steps)
-        schedule: float | list[list[float]] = 1.0
-        if self.steps > 1:
-            schedule = [[0, 1.0 / self.steps], [self.steps - 1, 1.0]]
+        points = [[0, 1.0 / self.steps], [self.steps - 1, 1.0]] if self.steps > 1 else [[0, 1.0]]
+        if decay == "linear":
+            points.append([total_training_steps, 0.0])
+        schedule: float | list[list[float]] = points if len(points) > 1 else 1.0
         self._scheduler = Scheduler(fixed_value_or_schedule=schedule, framework="torch", device="cpu")
 
     def factor(self, optimizer_step: int) -> float:
