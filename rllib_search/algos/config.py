@@ -15,7 +15,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from rllib_search.algos.lr_warmup import LR_DECAYS
+from rllib_search.algos.lr_warmup import LearningRateWarmup
 from rllib_search.env.search_env import ENV_ID
 
 ENGINES = ("hf", "vllm")
@@ -278,10 +278,7 @@ class SearchConfig(AlgorithmConfig):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.warmup_ratio > 0 and not self.total_training_steps:
             raise ValueError("warmup_ratio needs total_training_steps (optimizer steps in the run)")
-        if self.lr_decay not in LR_DECAYS:
-            raise ValueError(f"lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
-        if self.lr_decay == "linear" and not self.total_training_steps:
-            raise ValueError("lr_decay='linear' needs total_training_steps (optimizer steps in the run)")
+        LearningRateWarmup(self.warmup_ratio, self.total_training_steps, self.lr_decay)  # checks lr_decay
         for name in ("lr", "critic_lr", "clip_param", "vf_clip_param"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -38,9 +38,9 @@ class LearningRateWarmup:
         self, warmup_ratio: float, total_training_steps: int | None, decay: str = "constant"
     ) -> None:
         if decay not in LR_DECAYS:
-            raise ValueError(f"decay must be one of {LR_DECAYS}, got {decay!r}")
+            raise ValueError(f"lr_decay must be one of {LR_DECAYS}, got {decay!r}")
         if decay == "linear" and not total_training_steps:
-            raise ValueError("a linear decay needs total_training_steps (optimizer steps in the run)")
+            raise ValueError("lr_decay='linear' needs total_training_steps (optimizer steps in the run)")
         self.steps = warmup_steps(warmup_ratio, total_training_steps)
         points = [[0, 1.0 / self.steps], [self.steps - 1, 1.0]] if self.steps > 1 else [[0, 1.0]]
         if decay == "linear":
