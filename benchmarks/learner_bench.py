@@ -16,6 +16,10 @@ learner against the full-projection loop: it measures the masked projection as w
 overhead. The masked raw loop is also the oracle of ``tests/test_learner_oracle.py``: one learner update
 gives its weights.
 
+``learner_shared_prompts_vs_raw_ratio`` (per model) is not like for like, and says so: on a batch of GRPO
+groups of 4 whose rows share their prompt (the first third), the learner reads each prompt once
+(``shared_prompt.py``) where the plain loop reads it per row; it measures what sharing saves.
+
 Trained tokens per second = generated (loss-masked) tokens / wall time of one update; runs alternate so all
 see the same machine load. Also reported: the learner with the k3 KL to a frozen reference on (its extra
 reference forward pass), and peak RSS. Prints a final JSON line and writes
@@ -41,6 +45,7 @@ from gymnasium import spaces
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
+from rllib_search.algos.batching import bucket_order
 from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.algos.losses import clipped_policy_loss
 from rllib_search.llm.models import load_causal_lm, load_tokenizer
@@ -49,18 +54,24 @@ from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-def search_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Padded sequences shaped like search episodes: a prompt, then generated turns (mask 1) alternating
-    with observations (mask 0), lengths varying between 60% and 100% of ``length``."""
+def search_batch(
+    rows: int, length: int, vocab: int, seed: int = 0, group_size: int = 1
+) -> dict[str, np.ndarray]:
+    """Padded sequences shaped like search episodes: a prompt (the first third of ``length``; the same
+    token ids for the ``group_size`` rows of a group, as a GRPO group's), then generated turns (mask 1)
+    alternating with observations (mask 0), lengths varying between 60% and 100% of ``length``."""
     rng = np.random.default_rng(seed)
+    prompt = length // 3
     ids = np.zeros((rows, length), dtype=np.int64)
     attention = np.zeros((rows, length), dtype=np.int64)
     loss_mask = np.zeros((rows, length), dtype=np.float32)
     for row in range(rows):
         n = int(rng.integers(int(0.6 * length), length + 1))
         ids[row, :n] = rng.integers(3, vocab, size=n)
+        if row % group_size:
+            ids[row, :prompt] = ids[row - row % group_size, :prompt]
         attention[row, :n] = 1
-        position, generated = n // 3, True  # the first third is the prompt
+        position, generated = prompt, True
         while position < n:
             span = int(rng.integers(20, 60)) if generated else int(rng.integers(40, 120))
             loss_mask[row, position : position + span] = 1.0 if generated else 0.0
@@ -70,10 +81,11 @@ def search_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[str,
         "input_ids": ids,
         "attention_mask": attention,
         "loss_mask": loss_mask[:, 1:],
-        "response_mask": (attention[:, 1:] * (np.arange(1, length)[None] >= length // 3)).astype(np.float32),
+        "response_mask": (attention[:, 1:] * (np.arange(1, length)[None] >= prompt)).astype(np.float32),
         "old_logprobs": np.full((rows, length - 1), -2.0, dtype=np.float32) * loss_mask[:, 1:],
         "rewards": rng.random(rows).astype(np.float32),
         "episode_advantages": rng.standard_normal(rows).astype(np.float32),
+        "prompt_lengths": np.full(rows, prompt, dtype=np.int64),
     }
 
 
@@ -89,7 +101,8 @@ def build_learner(model: str, micro: int, kl_coeff: float, lr: float = 1e-5):
 
 
 class RawLoop:
-    """The plain torch loop: the same loss on the same micro-batches, no RLlib. ``masked``: only the
+    """The plain torch loop: the same loss on the same micro-batches (the learner's bucketing by length),
+    no RLlib, every row's whole sequence through the decoder (no shared prompts). ``masked``: only the
     loss-masked positions go through the vocabulary projection (as in the learner's module)."""
 
     def __init__(self, model: str, micro: int, masked: bool = True, lr: float = 1e-5) -> None:
@@ -116,9 +129,10 @@ class RawLoop:
     def update(self, batch: dict[str, np.ndarray]) -> None:
         columns = {k: torch.as_tensor(v) for k, v in batch.items()}
         rows = columns["input_ids"].shape[0]
+        order = torch.as_tensor(bucket_order(batch))  # the learner's micro-batches: rows by length
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, rows, self.micro):
-            part = {k: v[start : start + self.micro] for k, v in columns.items()}
+            part = {k: v[order[start : start + self.micro]] for k, v in columns.items()}
             width = int(part["attention_mask"].sum(-1).max())
             ids, attention = part["input_ids"][:, :width], part["attention_mask"][:, :width]
             mask, old = part["loss_mask"][:, : width - 1], part["old_logprobs"][:, : width - 1]
@@ -143,15 +157,20 @@ def bench(model: str, rows: int, length: int, micro: int, repeats: int) -> dict[
     raw_full = RawLoop(model, micro, masked=False)
     vocab = int(learner.module[DEFAULT_MODULE_ID].unwrapped().model.config.vocab_size)
     batch = search_batch(rows, length, vocab)
+    grouped = search_batch(rows, length, vocab, group_size=4)  # GRPO groups of 4 sharing their prompt
     tokens = float(batch["loss_mask"].sum())
+    grouped_tokens = float(grouped["loss_mask"].sum())
     multi = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=rows)
-    runs: dict[str, list[float]] = {"learner": [], "raw": [], "raw_full": [], "learner_kl": []}
+    grouped_multi = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(grouped))}, env_steps=rows)
     steps = {
         "learner": lambda: learner.update(batch=multi),
         "raw": lambda: raw.update(batch),
         "raw_full": lambda: raw_full.update(batch),
         "learner_kl": lambda: with_kl.update(batch=multi),
+        "learner_grouped": lambda: learner.update(batch=grouped_multi),
+        "raw_grouped": lambda: raw.update(grouped),
     }
+    runs: dict[str, list[float]] = {name: [] for name in steps}
     for step in steps.values():  # warm-up (allocator, first-call overheads)
         step()
     for repeat in range(repeats):
@@ -169,6 +188,11 @@ def bench(model: str, rows: int, length: int, micro: int, repeats: int) -> dict[
         "learner_with_kl_tokens_per_s": tokens / seconds["learner_kl"],
         "learner_vs_raw_tokens_per_s_ratio": seconds["raw"] / seconds["learner"],
         "learner_vs_full_projection_raw_ratio": seconds["raw_full"] / seconds["learner"],
+        "grouped_trained_tokens": grouped_tokens,
+        "learner_shared_prompts_tokens_per_s": grouped_tokens / seconds["learner_grouped"],
+        "raw_on_grouped_batch_tokens_per_s": grouped_tokens / seconds["raw_grouped"],
+        # not like for like: the learner reads each group's prompt once, the plain loop once per row
+        "learner_shared_prompts_vs_raw_ratio": seconds["raw_grouped"] / seconds["learner_grouped"],
     }
 
 

@@ -82,6 +82,14 @@ def world():
 
 
 @pytest.fixture(scope="session")
+def corpus(tmp_path_factory, world) -> str:
+    """The session world's passages as a corpus.jsonl (its path), for BM25 retrievers in training tests."""
+    path = tmp_path_factory.mktemp("world_corpus") / "corpus.jsonl"
+    write_corpus_jsonl(world.passages, path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def index_dir(tmp_path_factory, world) -> Path:
     root = tmp_path_factory.mktemp("retriever_index")
     write_corpus_jsonl(world.passages, root / "corpus.jsonl")

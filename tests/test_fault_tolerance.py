@@ -15,18 +15,10 @@ import pytest
 import torch
 
 from rllib_search.algos.configs import SearchGRPOConfig
-from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 from tests.helpers import KillsItsRunnerOnce, make_config, policy_weights
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, world) -> str:
-    path = tmp_path_factory.mktemp("faults_corpus") / "corpus.jsonl"
-    write_corpus_jsonl(world.passages, path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

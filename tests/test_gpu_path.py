@@ -20,7 +20,6 @@ from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODUL
 from rllib_search import ENV_ID
 from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.algos.env_runner import LLMEnvRunner
-from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.llm.engines.hf import HFEngine
 from rllib_search.llm.models import (
     apply_lora,
@@ -40,13 +39,6 @@ LORA = {"r": 4, "alpha": 8}
 def model_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu_path_model")
     return str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, world):
-    path = tmp_path_factory.mktemp("gpu_path_corpus") / "corpus.jsonl"
-    write_corpus_jsonl(world.passages, path)
-    return str(path)
 
 
 def make_config(model_dir, world, corpus, *, lora=None, engine="hf", **training):

@@ -22,7 +22,7 @@ from rllib_search.algos.configs import (
     SearchSFTConfig,
 )
 from rllib_search.algos.demonstrations import teacher_rollouts
-from rllib_search.data.formats import write_corpus_jsonl, write_qa_jsonl
+from rllib_search.data.formats import write_qa_jsonl
 from rllib_search.env.search_env import SearchEnvConfig
 from rllib_search.llm.models import load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
@@ -36,13 +36,6 @@ pytestmark = pytest.mark.slow
 def model_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("learner_model")
     return str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, world):
-    path = tmp_path_factory.mktemp("learner_corpus") / "corpus.jsonl"
-    write_corpus_jsonl(world.passages, path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -34,14 +34,20 @@ def as_multi(batch: dict[str, np.ndarray]) -> MultiAgentBatch:
     return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=len(batch["rewards"]))
 
 
-def test_one_learner_update_equals_the_plain_torch_loop(model_dir):
+@pytest.mark.parametrize("group_size", [1, 3], ids=["own-prompts", "shared-prompts"])
+def test_one_learner_update_equals_the_plain_torch_loop(model_dir, group_size):
+    """The plain loop runs every row's whole sequence in the given order; the learner buckets rows by
+    length and, where rows share a prompt, reads it once (``shared_prompt.py``): the update is the same."""
     torch.manual_seed(0)
-    batch = search_batch(rows=6, length=160, vocab=vocab_of(model_dir), seed=1)
+    batch = search_batch(rows=6, length=160, vocab=vocab_of(model_dir), seed=1, group_size=group_size)
     learner = build_learner(model_dir, micro=4, kl_coeff=0.0, lr=1e-3)
     raw = RawLoop(model_dir, micro=4, masked=True, lr=1e-3)
     before = {k: v.detach().clone() for k, v in raw.model.state_dict().items()}
-    learner.update(batch=as_multi(batch))
+    results = learner.update(batch=as_multi(batch))
     raw.update(batch)
+    savings = results[DEFAULT_MODULE_ID]["shared_prompt_savings"]
+    assert (savings > 0.1) if group_size > 1 else (savings == 0)
+    assert 0 <= results[DEFAULT_MODULE_ID]["padding_fraction"] < 0.5
     trained = learner.module[DEFAULT_MODULE_ID].unwrapped().model.state_dict()
     changed = 0
     for name, expected in raw.model.state_dict().items():

@@ -19,7 +19,7 @@ import pytest
 
 from rllib_search.algos.dashboard_metrics import DashboardMetricsCallback, result_records
 from rllib_search.metrics import PREFIX, SERVICES, SPECS, TRAINING, check_specs
-from tests.test_learner import corpus, make_config, model_dir  # noqa: F401  (the tiny model's fixtures)
+from tests.test_learner import make_config, model_dir  # noqa: F401  (the tiny model's fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "metrics-test"

@@ -71,15 +71,6 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, world):
-    from rllib_search.data.formats import write_corpus_jsonl
-
-    path = tmp_path_factory.mktemp("schedule_corpus") / "corpus.jsonl"
-    write_corpus_jsonl(world.passages, path)
-    return str(path)
-
-
 def two_stage_config(model_dir, world, corpus, stage2_dataset=None):
     env_config = {
         "retriever": {"type": "bm25", "corpus": corpus},

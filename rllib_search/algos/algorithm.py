@@ -64,6 +64,8 @@ from rllib_search.algos.rollout import Rollout
 
 logger = logging.getLogger(__name__)
 
+IN_FLIGHT = "one_step_off_sample"  # the tag of a launched one-step-off sample
+
 
 def episode_advantages(rollouts: list[Rollout], config: Any) -> np.ndarray:
     """Per-episode advantage signal for the learner, computed over whole groups (see module docstring)."""
@@ -136,6 +138,7 @@ class SearchAlgorithm(Algorithm):
         # Each remote EnvRunner's state after its last sample it returned (data position, reward stage):
         # what it gets back after a restart, and what checkpoints carry (RLlib saves the local runner's only).
         self._runner_states: dict[int, dict[str, Any]] = {}
+        self._sample_in_flight = False  # a one-step-off sample launched and not yet collected
         stages = config.reward_stages
         self.reward_schedule = RewardSchedule(stages) if stages else None
         super().setup(config)
@@ -165,6 +168,7 @@ class SearchAlgorithm(Algorithm):
             )
             seconds = time.perf_counter() - started
         self.metrics.aggregate(results, key=LEARNER_RESULTS)
+        self.log_batch_weights_lag(rollouts)
         trained = sum(int(r.loss_mask.sum()) for r in rollouts) * self.config.num_epochs
         self.metrics.log_value(
             (LEARNER_RESULTS, "trained_tokens_per_s"), trained / max(seconds, 1e-9), window=1
@@ -181,6 +185,15 @@ class SearchAlgorithm(Algorithm):
             and (self.iteration + 1) % self.config.held_out_interval == 0
         ):
             self.metrics.log_dict(self.evaluate_held_out(), key="evaluation", window=1)
+
+    def log_batch_weights_lag(self, rollouts: list[Rollout]) -> None:
+        """``learners/batch_weights_lag``: how many updates the learner had made beyond the oldest weights
+        that sampled this batch, when it started updating on it (0 in lock-step, 1 one-step-off)."""
+        after = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, WEIGHTS_SEQ_NO), default=None)
+        if after is None or not rollouts:
+            return
+        lag = int(after) - 1 - min(int(r.weights_version) for r in rollouts)
+        self.metrics.log_value((LEARNER_RESULTS, "batch_weights_lag"), lag, window=1)
 
     def evaluate_held_out(self) -> dict[str, Any]:
         """Roll the config's held-out questions out greedily with the current weights; their EM, F1,
@@ -239,7 +252,10 @@ class SearchAlgorithm(Algorithm):
                 runner = self.env_runner
                 per_runner, metrics = [runner.sample(reward_stage=stage)], [runner.get_metrics()]
             else:
-                samples = self._sample_remote_runners(stage)
+                if self.config.one_step_off:
+                    samples = self._sample_one_step_off(stage)
+                else:
+                    samples = self._sample_remote_runners(stage)
                 per_runner, metrics = [rollouts for rollouts, _ in samples], [m for _, m in samples]
         self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
         steps = sum(r.stats.get("turns", 1) for rollouts in per_runner for r in rollouts)
@@ -248,18 +264,56 @@ class SearchAlgorithm(Algorithm):
         )
         return [rollout for rollouts in per_runner for rollout in rollouts]
 
-    def _sample_remote_runners(self, stage: int | None) -> list[tuple[list[Rollout], dict[str, Any]]]:
-        """(rollouts, metrics) of every remote EnvRunner, in worker-index order. A runner that dies is waited
-        for (RLlib restarts it), brought back to its last state and sampled again, ``sample_retries`` times
-        at most; one still missing is left out of this iteration (counted) and keeps its questions."""
-        group = self.env_runner_group
-        wanted = list(range(1, group.num_remote_env_runners() + 1))  # RLlib's remote ids = worker indices
+    def _remote_runner_ids(self) -> list[int]:
+        return list(range(1, self.env_runner_group.num_remote_env_runners() + 1))  # = worker indices
+
+    @staticmethod
+    def _runner_sample(stage: int | None) -> Any:
+        """The function a remote EnvRunner runs to sample: (worker index, rollouts, metrics, its state)."""
 
         def sample(runner: Any) -> tuple[int, list[Rollout], dict[str, Any], dict[str, Any]]:
             rollouts = runner.sample(reward_stage=stage)
             return runner.worker_index, rollouts, runner.get_metrics(), runner.get_state()
 
+        return sample
+
+    def _sample_one_step_off(self, stage: int | None) -> list[tuple[list[Rollout], dict[str, Any]]]:
+        """One-step-off sampling: collect the sample launched during the last iteration's update (sampled
+        with the weights the runners held then, one version behind the learner's), then launch the next
+        one at once, so that it runs during this iteration's update. The new weights reach each runner
+        after that sample (Ray runs an actor's calls in order). The first iteration, and any runner whose
+        launched sample was lost (it died), is sampled synchronously, with the usual retries."""
+        group = self.env_runner_group
         got: dict[int, tuple[list[Rollout], dict[str, Any]]] = {}
+        if self._sample_in_flight:
+            for index, rollouts, metrics, state in (
+                result for _, result in group.fetch_ready_async_reqs(tags=IN_FLIGHT, timeout_seconds=None)
+            ):
+                got[index] = (rollouts, metrics)
+                self._runner_states[index] = state
+            self._sample_in_flight = False
+        samples = self._sample_remote_runners(stage, got)
+        group.foreach_env_runner_async(self._runner_sample(stage), tag=IN_FLIGHT)
+        self._sample_in_flight = True
+        return samples
+
+    def _drain_sample_in_flight(self) -> None:
+        """Wait for, and drop, a launched one-step-off sample (before a restore moves the runners)."""
+        if getattr(self, "_sample_in_flight", False):
+            self.env_runner_group.fetch_ready_async_reqs(tags=IN_FLIGHT, timeout_seconds=None)
+            self._sample_in_flight = False
+
+    def _sample_remote_runners(
+        self, stage: int | None, got: dict[int, tuple[list[Rollout], dict[str, Any]]] | None = None
+    ) -> list[tuple[list[Rollout], dict[str, Any]]]:
+        """(rollouts, metrics) of every remote EnvRunner, in worker-index order; those in ``got`` (collected
+        already, one-step-off) are not sampled again. A runner that dies is waited for (RLlib restarts
+        it), brought back to its last state and sampled again, ``sample_retries`` times at most; one still
+        missing is left out of this iteration (counted) and keeps its questions."""
+        group = self.env_runner_group
+        wanted = self._remote_runner_ids()
+        sample = self._runner_sample(stage)
+        got = dict(got or {})
         retried = 0
         for attempt in range(int(self.config.sample_retries) + 1):
             missing = [index for index in wanted if index not in got]
@@ -345,6 +399,7 @@ class SearchAlgorithm(Algorithm):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self._drain_sample_in_flight()
         super().set_state(state)
         if self.reward_schedule is not None and "reward_schedule" in state:
             self.reward_schedule.set_state(state["reward_schedule"])
@@ -360,6 +415,7 @@ class SearchAlgorithm(Algorithm):
         nothing is unpickled before its structure is read)."""
         if not kwargs.get("component"):
             check_checkpoint(path)
+        self._drain_sample_in_flight()
         super().restore_from_path(path, *args, **kwargs)
         self._push_to_remote_runners(weights=True)
 

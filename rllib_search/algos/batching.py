@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rllib_search.algos.rollout import Rollout
+from rllib_search.algos.shared_prompt import group_prompts
 
 # Columns whose time axis is the whole sequence (B, T); every other 2-D column is (B, T-1).
 FULL_LENGTH_COLUMNS = ("input_ids", "attention_mask")
@@ -27,7 +28,9 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     - ``response_mask``: (B, T-1), 1 where the next token is any response token (generated or inserted by the
       env); used only to reproduce Search-R1's no-mask ablation;
     - ``old_logprobs``: (B, T-1), the sampler's log-probability of the next token (0 off the mask);
-    - ``rewards``: (B,), each episode's reward.
+    - ``rewards``: (B,), each episode's reward;
+    - ``prompt_lengths``: (B,), each episode's prompt tokens (rows with the same prompt share its forward:
+      ``shared_prompt.py``).
     """
     if not rollouts:
         raise ValueError("no rollouts to batch")
@@ -52,6 +55,7 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
         "response_mask": torch.from_numpy(response_mask[:, 1:]),
         "old_logprobs": torch.from_numpy(logprobs[:, 1:]),
         "rewards": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
+        "prompt_lengths": torch.tensor([r.prompt_length for r in rollouts], dtype=torch.int64),
     }
 
 
@@ -61,18 +65,50 @@ def broadcast_to_tokens(per_episode: Sequence[float], loss_mask: np.ndarray) -> 
     return values * np.asarray(loss_mask, dtype=np.float64)
 
 
-def micro_batches(columns: dict[str, Any], size: int | None) -> Iterator[dict[str, Any]]:
-    """Slices of ``size`` rows (all rows when None), each cut to its own longest sequence: (B, T)
-    columns to the longest row, (B, T-1) columns one shorter, other columns kept."""
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def _take(value: Any, index: np.ndarray) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[torch.as_tensor(index, device=value.device)]
+    return value[index]
+
+
+def bucket_order(columns: dict[str, Any]) -> np.ndarray:
+    """An order of the rows that keeps padding small: rows sharing a prompt side by side (one prompt
+    forward serves them, ``shared_prompt.py``), groups by prompt length, and within a group, or without
+    shared prompts, by sequence length."""
+    lengths = _numpy(columns["attention_mask"]).sum(-1)
+    if "prompt_lengths" not in columns:
+        return np.argsort(lengths, kind="stable")
+    prompt_lengths = _numpy(columns["prompt_lengths"])
+    groups = group_prompts(_numpy(columns["input_ids"]), prompt_lengths)
+    if not groups.shares:
+        return np.argsort(lengths, kind="stable")
+    group_prompt_length = prompt_lengths[groups.prompt_rows][groups.group_of_row]
+    return np.lexsort((lengths, groups.group_of_row, group_prompt_length))
+
+
+def micro_batches(columns: dict[str, Any], size: int | None) -> Iterator[tuple[np.ndarray, dict[str, Any]]]:
+    """(row indices, columns) of slices of ``size`` rows (all rows when None) in :func:`bucket_order`,
+    each cut to its own longest sequence: (B, T) columns to the longest row, (B, T-1) columns one
+    shorter, other columns kept. Gradients accumulated with :func:`micro_batch_weights` do not depend on
+    the order; per-row results go back to their rows through the indices."""
     rows = int(columns["input_ids"].shape[0])
     size = int(size or rows)
+    order = bucket_order(columns)
     for start in range(0, rows, size):
-        part = {k: v[start : start + size] for k, v in columns.items()}
+        index = order[start : start + size]
+        part = {k: _take(v, index) for k, v in columns.items()}
         width = max(2, int(part["attention_mask"].sum(-1).max()))
-        yield {
-            k: (v[:, :width] if k in FULL_LENGTH_COLUMNS else v[:, : width - 1]) if v.ndim == 2 else v
-            for k, v in part.items()
-        }
+        yield (
+            index,
+            {
+                k: (v[:, :width] if k in FULL_LENGTH_COLUMNS else v[:, : width - 1]) if v.ndim == 2 else v
+                for k, v in part.items()
+            },
+        )
 
 
 def micro_batch_weights(masks: Sequence[Any], aggregation: str = "sequence") -> list[float]:

@@ -19,7 +19,9 @@ compute comes from the learner's autocast; an EnvRunner's HF inference copy on a
 ``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync),
 ``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
 in ``llm/models.py``), ``value_head``,
-``logprob_chunk`` (positions per chunk of the vocabulary projection).
+``logprob_chunk`` (positions per chunk of the vocabulary projection), ``share_prompts`` (default True:
+when a batch carries ``prompt_lengths`` and rows share a prompt, the decoder reads each distinct prompt once;
+see ``shared_prompt.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from rllib_search.algos import shared_prompt
 from rllib_search.llm.models import apply_lora, load_causal_lm, train_top_layers
 
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
@@ -43,6 +46,7 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "train_top_layers": None,
     "value_head": False,
     "logprob_chunk": 256,
+    "share_prompts": True,
 }
 
 
@@ -98,11 +102,29 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
     def hidden_states(self, batch: dict[str, Any], model: nn.Module | None = None) -> torch.Tensor:
         """Last-layer hidden states (B, T, H) of ``batch["input_ids"]`` under ``batch["attention_mask"]``
         (of ``model``, by default this module's)."""
-        decoder, _ = _decoder_and_head(model if model is not None else self.model)
+        model = model if model is not None else self.model
+        decoder, _ = _decoder_and_head(model)
         attention_mask = batch["attention_mask"]
+        groups = self.prompt_groups(batch, model)
+        if groups is not None:
+            return shared_prompt.shared_prompt_hidden_states(
+                decoder, batch["input_ids"], attention_mask, batch["prompt_lengths"], groups
+            )
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = decoder(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=position_ids)
         return out.last_hidden_state
+
+    def prompt_groups(self, batch: dict[str, Any], model: nn.Module) -> shared_prompt.PromptGroups | None:
+        """The rows' shared prompts when the shared-prompt forward applies to this batch and ``model``
+        (``share_prompts`` on, ``prompt_lengths`` in the batch, two rows sharing a prompt), else None."""
+        if not self.llm_config["share_prompts"] or "prompt_lengths" not in batch:
+            return None
+        if not shared_prompt.supports(_decoder_and_head(model)[0]):
+            return None
+        groups = shared_prompt.group_prompts(
+            batch["input_ids"].detach().cpu().numpy(), batch["prompt_lengths"].detach().cpu().numpy()
+        )
+        return groups if groups.shares else None
 
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         """Per position t: ``logprobs``/``entropy`` of token t+1 (B, T-1); ``values`` (B, T) if any."""

@@ -59,6 +59,7 @@ from rllib_search.algos.losses import (
     kl_estimate,
     masked_mean,
 )
+from rllib_search.algos.shared_prompt import computed_positions
 
 logger = logging.getLogger(__name__)
 
@@ -199,9 +200,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         recompute = cfg.old_logprobs == "recompute" or not cfg.mask_retrieved_tokens
         mask_key = self.loss_mask_key()
         width = columns["loss_mask"].shape[1]
-        wanted: dict[str, list[np.ndarray]] = {}
+        rows_total = columns["loss_mask"].shape[0]
+        wanted: dict[str, np.ndarray] = {}
         tensors = {k: torch.as_tensor(v) for k, v in columns.items()}
-        for rows in micro_batches(tensors, cfg.micro_batch_size):
+        for index, rows in micro_batches(tensors, cfg.micro_batch_size):
             chunk = {k: v.to(self.device) for k, v in rows.items()}
             chunk["score_mask"] = chunk[mask_key] > 0
             pieces: dict[str, torch.Tensor] = {}
@@ -215,10 +217,9 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
                     if policy.value_head is not None:
                         pieces["old_values"] = out["values"][:, :-1]
             for key, value in pieces.items():
-                full = np.zeros((value.shape[0], width), dtype=np.float32)
-                full[:, : value.shape[1]] = value.float().cpu().numpy()
-                wanted.setdefault(key, []).append(full)
-        return {key: np.concatenate(parts) for key, parts in wanted.items()}
+                full = wanted.setdefault(key, np.zeros((rows_total, width), dtype=np.float32))
+                full[index, : value.shape[1]] = value.float().cpu().numpy()
+        return wanted
 
     def reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, T-1) log-probs of the batch's next tokens under the frozen reference policy."""
@@ -246,9 +247,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
     def _update(self, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
         mask_key = self.loss_mask_key()
         columns = dict(batch[DEFAULT_MODULE_ID])
-        micros = list(micro_batches(columns, self.config.micro_batch_size))
+        micros = [micro for _, micro in micro_batches(columns, self.config.micro_batch_size)]
         weights = micro_batch_weights([m[mask_key] for m in micros], self.config.loss_aggregation)
         self.accumulation = Accumulation(weights=weights)
+        self.log_padding(micros)
         fwd_out: Any = None
         for index, micro in enumerate(micros):
             self.accumulation.index = index
@@ -256,6 +258,23 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             with self.autocast():
                 fwd_out, _, _ = super()._update({DEFAULT_MODULE_ID: micro})
         return fwd_out, {DEFAULT_MODULE_ID: self.accumulation.loss}, {}
+
+    def log_padding(self, micros: list[dict[str, Any]]) -> None:
+        """``padding_fraction``: the share of the positions the decoder computes for these micro-batches
+        that are padding (each distinct prompt counted once where prompts are shared); and
+        ``shared_prompt_savings``: the share of the plain forward's positions that sharing skipped."""
+        policy = self.policy()
+        computed = real = plain = 0
+        for micro in micros:
+            lengths = micro["attention_mask"].sum(-1).cpu().numpy()
+            prompts = micro["prompt_lengths"].cpu().numpy() if "prompt_lengths" in micro else lengths
+            groups = policy.prompt_groups(micro, policy.model)
+            positions, tokens = computed_positions(lengths, prompts, groups)
+            computed, real = computed + positions, real + tokens
+            plain += computed_positions(lengths, prompts, None)[0]
+        key = DEFAULT_MODULE_ID
+        self.metrics.log_value((key, "padding_fraction"), 1.0 - real / max(computed, 1), window=1)
+        self.metrics.log_value((key, "shared_prompt_savings"), 1.0 - computed / max(plain, 1), window=1)
 
     @override(TorchLearner)
     def compute_loss_for_module(

@@ -1,0 +1,154 @@
+"""Shared-prompt forward: the episodes of a group share their prompt, so the decoder reads it once.
+
+A GRPO batch holds ``group_size`` episodes per question, and the first ``prompt_length`` tokens of those
+episodes are the same token ids. The plain forward runs the decoder over every row's whole sequence, so a
+prompt of P tokens is processed G times: in the policy's forward and backward and in the reference's (and
+critic's) forward. Here the decoder runs twice instead:
+
+1. over the distinct prompts (U rows, right-padded to the longest), keeping their keys and values;
+2. over every row's continuation (the rest of its sequence: generated and retrieved tokens, B rows), each
+   attending to its own prompt's keys and values, picked row by row from step 1 with ``Cache.reorder_cache``
+   (an ``index_select``: the gradient of a shared key is the sum over the rows that read it, as it is when
+   each row recomputes it).
+
+The hidden states are gathered back into the batch's own right-padded (B, T, H) layout, so the vocabulary
+projection, the value head and every loss term are unchanged: the result is the same function of the
+weights as the plain forward (tested to float tolerance for full fine-tuning, LoRA and a value head).
+Positions past a row's end hold finite filler, as in the plain forward; no loss reads them.
+
+Written here because neither transformers nor TRL trains over a shared prefix (TRL's GRPOTrainer repeats the
+prompt per generation); the pieces are transformers' public ones: a decoder call with ``use_cache=True``
+returning a ``DynamicCache``, ``reorder_cache``, and a decoder call with ``past_key_values``.
+
+When it applies (:func:`supports`): a 2-D mask with padding between a prompt and its continuation needs an
+attention that takes arbitrary masks (``sdpa`` or ``eager``, transformers' defaults on CPU and GPU; not
+flash-attention's varlen kernels), a cache of full-attention layers (no sliding window), and no gradient
+checkpointing (transformers drops the cache under it). Otherwise, or when no two rows share a prompt, the
+caller runs the plain forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+MASK_FRIENDLY_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class PromptGroups:
+    """Rows grouped by identical prompts: ``prompt_rows`` (U,) one row holding each distinct prompt,
+    ``group_of_row`` (B,) the index into ``prompt_rows`` of each row's prompt."""
+
+    prompt_rows: np.ndarray
+    group_of_row: np.ndarray
+
+    @property
+    def shares(self) -> bool:
+        """Whether any two rows share a prompt (otherwise sharing saves nothing)."""
+        return len(self.prompt_rows) < len(self.group_of_row)
+
+
+def group_prompts(input_ids: np.ndarray, prompt_lengths: np.ndarray) -> PromptGroups:
+    """Group the rows of ``input_ids`` (B, T) whose first ``prompt_lengths[b]`` token ids are identical
+    (same length, same ids: the token ids are the truth, not the group labels of the sampler)."""
+    first_row: dict[tuple[int, bytes], int] = {}
+    prompt_rows: list[int] = []
+    group_of_row = np.empty(len(input_ids), dtype=np.int64)
+    for row, (ids, length) in enumerate(zip(input_ids, prompt_lengths, strict=True)):
+        key = (int(length), np.ascontiguousarray(ids[: int(length)], dtype=np.int64).tobytes())
+        if key not in first_row:
+            first_row[key] = len(prompt_rows)
+            prompt_rows.append(row)
+        group_of_row[row] = first_row[key]
+    return PromptGroups(np.asarray(prompt_rows, dtype=np.int64), group_of_row)
+
+
+def supports(decoder: nn.Module) -> bool:
+    """Whether :func:`shared_prompt_hidden_states` is exact for ``decoder`` (see the module docstring)."""
+    if any(getattr(module, "gradient_checkpointing", False) for module in decoder.modules()):
+        return False
+    config = decoder.config.get_text_config()
+    if getattr(config, "_attn_implementation", None) not in MASK_FRIENDLY_ATTENTION:
+        return False
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
+
+
+def shared_prompt_hidden_states(
+    decoder: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    groups: PromptGroups,
+) -> torch.Tensor:
+    """Last-layer hidden states (B, T, H) of right-padded rows, each distinct prompt run once."""
+    device = input_ids.device
+    rows, width = input_ids.shape
+    lengths = attention_mask.long().sum(-1)
+    prompt_lengths = prompt_lengths.to(device=device, dtype=torch.long)
+    prompt_rows = torch.as_tensor(groups.prompt_rows, device=device)
+    group_of_row = torch.as_tensor(groups.group_of_row, device=device)
+
+    # 1. The distinct prompts, right-padded to the longest; their keys and values are kept.
+    unique_lengths = prompt_lengths[prompt_rows]
+    prompt_width = int(unique_lengths.max())
+    steps = torch.arange(prompt_width, device=device)
+    prompt_mask = (steps[None, :] < unique_lengths[:, None]).long()
+    prompt_out = decoder(
+        input_ids=input_ids[prompt_rows, :prompt_width],
+        attention_mask=prompt_mask,
+        position_ids=steps[None, :].expand(len(prompt_rows), -1),
+        use_cache=True,
+    )
+    cache = prompt_out.past_key_values
+    cache.reorder_cache(group_of_row)  # (U, ...) -> (B, ...): each row reads its own prompt's keys/values
+
+    # 2. Every row's continuation at its own positions, attending to its prompt and then causally to itself.
+    continuation_lengths = lengths - prompt_lengths
+    continuation_width = max(1, int(continuation_lengths.max()))
+    offsets = torch.arange(continuation_width, device=device)
+    positions = prompt_lengths[:, None] + offsets[None, :]
+    continuation_mask = (offsets[None, :] < continuation_lengths[:, None]).long()
+    continuation_ids = input_ids.gather(1, positions.clamp(max=width - 1))
+    continuation_out = decoder(
+        input_ids=continuation_ids,
+        attention_mask=torch.cat([prompt_mask[group_of_row], continuation_mask], dim=1),
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )
+
+    # 3. Back to the batch's layout: position t of row b reads its prompt's state (t < P_b) or its own.
+    prompt_hidden = prompt_out.last_hidden_state
+    continuation_hidden = continuation_out.last_hidden_state
+    hidden_size = prompt_hidden.shape[-1]
+    source = torch.cat([prompt_hidden.reshape(-1, hidden_size), continuation_hidden.reshape(-1, hidden_size)])
+    t = torch.arange(width, device=device)[None, :]
+    in_prompt = t < prompt_lengths[:, None]
+    from_prompt = group_of_row[:, None] * prompt_width + t.clamp(max=prompt_width - 1)
+    row_start = torch.arange(rows, device=device)[:, None] * continuation_width
+    row_start = row_start + len(prompt_rows) * prompt_width
+    step = (t - prompt_lengths[:, None]).clamp(0, continuation_width - 1)
+    from_continuation = row_start + step
+    return source[torch.where(in_prompt, from_prompt, from_continuation)]
+
+
+def computed_positions(
+    lengths: np.ndarray, prompt_lengths: np.ndarray, groups: PromptGroups | None
+) -> tuple[int, int]:
+    """(positions the decoder computes, of which real tokens) for one forward of these rows: padded to the
+    longest row when ``groups`` is None, else the distinct prompts padded to the longest prompt plus the
+    continuations padded to the longest continuation."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if groups is None:
+        return int(len(lengths) * lengths.max()), int(lengths.sum())
+    prompts = np.asarray(prompt_lengths, dtype=np.int64)
+    unique = prompts[groups.prompt_rows]
+    continuations = lengths - prompts
+    computed = len(unique) * int(unique.max()) + len(lengths) * max(1, int(continuations.max()))
+    return computed, int(unique.sum() + continuations.sum())
