@@ -8,6 +8,7 @@ The same work, in one process, alternating (TRL's step k, then ours, then TRL's 
 - 4 prompts x 4 generations per step, at most 64 new tokens, temperature 1, one turn (TRL has no search
   loop), the same 4 questions every step;
 - lr 1e-6, KL coefficient 0.001 (a frozen reference's forward on both sides), one optimizer step per step,
+  fp32 without gradient checkpointing on both sides (TRL's defaults are bf16 and checkpointing),
   the whole batch in one forward and backward (``micro_batch_size`` 16 ours, ``per_device_train_batch_size``
   16 theirs), the sampler's log-probs as the old ones (no recompute on either side), 2 torch threads.
 
@@ -16,13 +17,15 @@ the tokens each side generated are reported with the times (``*_completion_token
 ``grpo_step_vs_trl_ratio`` (our median step / TRL's, lower is better) comes with the same ratio per generated
 token. Medians are over the steps after the first (warm-up) one; the first steps are reported apart, with
 their parts. Ours is split into sampling, learner update and weight sync (timed around the Algorithm's own
-calls), plus the learner's padding fraction and what the shared prompt saved.
+calls), plus the learner's padding fraction and what the shared prompt saved; TRL's into generation with
+scoring (``sample``, around its ``_generate_and_score_completions``) and the rest.
 
 ``--multi-turn`` also times our step on Search-R1's 3-turn protocol with BM25 search (no TRL equivalent).
 Prints a final JSON line and writes ``benchmarks/results/grpo_step.json`` (``grpo_step_quick.json`` with
-``--quick``: 3 steps a side, under 4 minutes). TRL is a benchmark extra: ``pip install -e .[bench]``.
+``--quick``: 2 steps a side and 32 new tokens, the same on both sides, under 4 minutes). TRL is a
+benchmark extra: ``pip install -e .[bench]``.
 
-    python benchmarks/grpo_step_bench.py [--quick] [--steps 6] [--multi-turn]
+    python benchmarks/grpo_step_bench.py [--quick] [--steps 6] [--new-tokens 64] [--multi-turn]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 MODEL = "smollm2-135m-instruct"
-PROMPTS, GROUP, NEW_TOKENS, LR, KL, TEMPERATURE = 4, 4, 64, 1e-6, 0.001, 1.0
+PROMPTS, GROUP, LR, KL, TEMPERATURE = 4, 4, 1e-6, 0.001, 1.0
 
 
 class PartTimer:
@@ -69,7 +72,9 @@ class PartTimer:
 class OurStep:
     """One ``SearchGRPO`` iteration (local EnvRunner and learner, in this process), timed by part."""
 
-    def __init__(self, questions: list[Any], index_dir: Path, max_turns: int, seed: int) -> None:
+    def __init__(
+        self, questions: list[Any], index_dir: Path, max_turns: int, new_tokens: int, seed: int
+    ) -> None:
         from rllib_search import ENV_ID
         from rllib_search.algos.configs import SearchGRPOConfig
 
@@ -89,7 +94,7 @@ class OurStep:
             .rollouts(
                 group_size=GROUP,
                 prompts_per_sample=PROMPTS,
-                max_turn_tokens=NEW_TOKENS,
+                max_turn_tokens=new_tokens,
                 temperature=TEMPERATURE,
             )
             .training(
@@ -133,7 +138,14 @@ class OurStep:
 class TRLSteps:
     """TRL's GRPOTrainer on the same work; each step's time from its own step callbacks."""
 
-    def __init__(self, prompts: list[list[dict[str, str]]], answers: list[str], steps: int, seed: int):
+    def __init__(
+        self,
+        prompts: list[list[dict[str, str]]],
+        answers: list[str],
+        steps: int,
+        new_tokens: int,
+        seed: int,
+    ) -> None:
         from datasets import Dataset
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
@@ -153,7 +165,10 @@ class TRLSteps:
                 self.started = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kwargs):
-                outer.records.append({"seconds": time.perf_counter() - self.started})
+                record = {"seconds": time.perf_counter() - self.started}
+                if outer.part_timer is not None:
+                    record.update(outer.part_timer.take())
+                outer.records.append(record)
                 outer.between()  # our step runs here, outside TRL's timed span
 
             def on_log(self, args, state, control, logs=None, **kwargs):
@@ -165,17 +180,18 @@ class TRLSteps:
             per_device_train_batch_size=PROMPTS * GROUP,
             gradient_accumulation_steps=1,
             num_generations=GROUP,
-            max_completion_length=NEW_TOKENS,
+            max_completion_length=new_tokens,
             temperature=TEMPERATURE,
             learning_rate=LR,
             beta=KL,
             max_grad_norm=1.0,
+            gradient_checkpointing=False,  # TRL's default is True; ours recomputes nothing either
+            bf16=False,
             max_steps=steps,
             logging_steps=1,
             save_strategy="no",
             report_to="none",
             use_cpu=True,
-            bf16=False,
             seed=seed,
             disable_tqdm=True,
             dataloader_num_workers=0,
@@ -188,6 +204,14 @@ class TRLSteps:
             train_dataset=dataset,
             callbacks=[StepTimes()],
         )
+        # TRL's step split as ours is: generation and scoring, then the rest (reference, loss, update).
+        generate = getattr(self.trainer, "_generate_and_score_completions", None)
+        if generate is not None:
+            timer = PartTimer()
+            self.trainer._generate_and_score_completions = timer.wrap("sample", generate)
+            self.part_timer = timer
+        else:
+            self.part_timer = None
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The ids TRL generates from: its processing class's chat template, as ``_tokenize_prompts``."""
@@ -218,7 +242,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="3 steps a side (under 4 minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 steps a side, 32 new tokens (under 4 minutes)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=64, help="most new tokens per sample")
     parser.add_argument("--steps", type=int, default=6, help="steps a side, the first a warm-up")
     parser.add_argument("--multi-turn", action="store_true", help="also our 3-turn search step")
     parser.add_argument("--threads", type=int, default=2)
@@ -230,7 +257,7 @@ def main() -> None:
     from rllib_search.env.protocols import get_protocol
     from rllib_search.recipes import embedded
 
-    steps = 3 if args.quick else args.steps
+    steps, new_tokens = (2, 32) if args.quick else (args.steps, args.new_tokens)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -240,12 +267,13 @@ def main() -> None:
     messages = [protocol.prompt_messages(r.question) for r in questions]
 
     print(
-        f"[grpo_step_bench] {MODEL}: {PROMPTS} prompts x {GROUP} samples, {NEW_TOKENS} new tokens, "
+        f"[grpo_step_bench] {MODEL}: {PROMPTS} prompts x {GROUP} samples, {new_tokens} new tokens, "
         f"{steps} steps a side",
         flush=True,
     )
-    ours = OurStep(questions, world.index, max_turns=1, seed=args.seed)
-    theirs = TRLSteps(messages, [r.golden_answers[0] for r in questions], steps, args.seed)
+    ours = OurStep(questions, world.index, max_turns=1, new_tokens=new_tokens, seed=args.seed)
+    answers = [r.golden_answers[0] for r in questions]
+    theirs = TRLSteps(messages, answers, steps, new_tokens, args.seed)
     for record, chat in zip(questions, messages, strict=True):
         if ours.prompt_ids(record.question) != theirs.prompt_ids(chat):
             raise SystemExit("TRL's prompt ids differ from our env's: not the same work")
@@ -271,7 +299,7 @@ def main() -> None:
         "threads": args.threads,
         "prompts": PROMPTS,
         "group_size": GROUP,
-        "max_new_tokens": NEW_TOKENS,
+        "max_new_tokens": new_tokens,
         "mean_prompt_tokens": prompt_tokens,
         "trl_version": __import__("trl").__version__,
         "trl": trl,
@@ -283,7 +311,7 @@ def main() -> None:
         ),
     }
     if args.multi_turn:
-        multi = OurStep(questions, world.index, max_turns=3, seed=args.seed)
+        multi = OurStep(questions, world.index, max_turns=3, new_tokens=new_tokens, seed=args.seed)
         records = []
         for step in range(steps):
             records.append(multi())
