@@ -299,7 +299,7 @@ class SearchAlgorithm(Algorithm):
 
     def _drain_sample_in_flight(self) -> None:
         """Wait for, and drop, a launched one-step-off sample (before a restore moves the runners)."""
-        if getattr(self, "_sample_in_flight", False):
+        if self._sample_in_flight:
             self.env_runner_group.fetch_ready_async_reqs(tags=IN_FLIGHT, timeout_seconds=None)
             self._sample_in_flight = False
 
