@@ -94,6 +94,33 @@ def test_a_teacher_that_states_its_plan_names_every_hop_first_and_still_answers(
         assert with_plan.stats["searches"] == len(hops)
 
 
+def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop(
+    smollm2_tokenizer, world, world_retriever
+):
+    config = SearchEnvConfig(protocol="search_r1", max_turns=4)
+    multi = [r for r in world.train if len(hops_of(r)) >= 2][:40]
+    single = [r for r in world.train if len(hops_of(r)) == 1][:10]
+    demos = teacher_rollouts(
+        smollm2_tokenizer, world_retriever, multi + single, config, early_answer=0.5, seed=3
+    )
+    early = [d for d, r in zip(demos, multi) if d.stats["searches"] == 1]
+    assert 8 <= len(early) <= 32  # about half of 40 (a hash of uid and seed decides)
+    for demo, record in zip(demos, multi):
+        hops = hops_of(record)
+        if demo.stats["searches"] == 1:  # stopped early: answers with what its one search found
+            assert demo.answer == hops[0]["answer"] != record.golden_answers[0]
+        else:
+            assert demo.stats["searches"] == len(hops) and demo.answer == record.golden_answers[0]
+    for demo, record in zip(demos[len(multi) :], single):  # 1-hop questions are never cut short
+        assert demo.stats["searches"] == 1 and demo.answer == record.golden_answers[0]
+    again = teacher_rollouts(smollm2_tokenizer, world_retriever, multi, config, early_answer=0.5, seed=3)
+    assert [d.token_ids.tolist() for d in again] == [d.token_ids.tolist() for d in demos[: len(multi)]]
+    other_seed = teacher_rollouts(smollm2_tokenizer, world_retriever, multi, config, early_answer=0.5, seed=4)
+    assert [d.stats["searches"] for d in other_seed] != [d.stats["searches"] for d in demos[: len(multi)]]
+    with pytest.raises(ValueError, match="early_answer"):
+        TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, early_answer=1.5)
+
+
 def test_episodes_finish_turn_by_turn_and_are_all_scored(smollm2_tokenizer, world, world_retriever):
     config = SearchEnvConfig(protocol="search_r1", max_turns=4)
     records = world.train[:8]

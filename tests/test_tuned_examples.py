@@ -32,7 +32,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--model", str(model), "--out", str(out), "--threads", "1"),
         *("--sft-steps", "2", "--sft-batch", "4", "--rl-iterations", "2", "--eval-questions", "2"),
         *("--demonstrations", "6", "--two-hop-demonstrations", "2", "--prompts", "2", "--group-size", "2"),
-        *("--max-turn-tokens", "12"),
+        *("--max-turn-tokens", "12", "--state-plan", "--early-answer", "0.5", "--no-scale-by-std"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -28,14 +28,24 @@ def teacher_rollouts(
     env_config: SearchEnvConfig,
     batch_size: int = 32,
     state_plan: bool = False,
+    early_answer: float = 0.0,
+    seed: int = 0,
 ) -> list[Rollout]:
     """One teacher episode per record (in order), as Rollouts with group id ``demo:<uid>``;
-    ``state_plan``: the teacher's first thought names every hop (see ``TeacherPolicy``)."""
+    ``state_plan``: the teacher's first thought names every hop; ``early_answer``: the fraction of
+    multi-hop questions it answers after the first hop (chosen by uid and ``seed``; see ``TeacherPolicy``)."""
     rollouts: list[Rollout] = []
     for offset in range(0, len(records), batch_size):
         batch = list(records[offset : offset + batch_size])
         envs = [MultiTurnSearchEnv(tokenizer, retriever, None, env_config) for _ in batch]
-        teacher = ScriptedPolicy("teacher", envs[0].protocol, tokenizer, state_plan=state_plan)
+        teacher = ScriptedPolicy(
+            "teacher",
+            envs[0].protocol,
+            tokenizer,
+            seed=seed,
+            state_plan=state_plan,
+            early_answer=early_answer,
+        )
         ends = roll_out(envs, batch, teacher, retriever)
         rollouts.extend(
             Rollout.from_env(env, f"demo:{record.uid}", 0, ends.terminated[i], ends.truncated[i])

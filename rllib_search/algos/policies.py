@@ -63,8 +63,8 @@ _MALFORMED = (
 
 class ScriptedPolicy:
     """A scripted policy's turns (see the module docstring). ``guesses`` are ``no_search``'s answers;
-    ``seed`` seeds its choices and the noisy teacher's; ``state_plan`` is the teacher's (see
-    :class:`~rllib_search.env.teacher.TeacherPolicy`)."""
+    ``seed`` seeds its choices and the noisy teacher's; ``state_plan`` and ``early_answer`` are the
+    teacher's (see :class:`~rllib_search.env.teacher.TeacherPolicy`)."""
 
     def __init__(
         self,
@@ -74,13 +74,14 @@ class ScriptedPolicy:
         guesses: Sequence[str] = (),
         seed: int = 0,
         state_plan: bool = False,
+        early_answer: float = 0.0,
     ) -> None:
         if name not in SCRIPTED_POLICIES:
             raise ValueError(f"unknown policy {name!r}; known: {SCRIPTED_POLICIES}")
         self.name = name
         self.protocol = protocol
         self.tokenizer = tokenizer
-        self.teacher = TeacherPolicy(protocol, state_plan)
+        self.teacher = TeacherPolicy(protocol, state_plan, early_answer, seed)
         self.guesses = list(guesses)
         self.rng = random.Random(seed)
 

@@ -10,10 +10,18 @@ country."), so the choice to search again is written down where the question is 
 after the retrieved passages: measured on the CPU main job, SmolLM2-135M warm-started this way searches
 again more often on 2-hop than on 1-hop questions, while without the plan its chance of a second search
 was the same for both (a property of the question it never learned to read at that point).
+
+With ``early_answer`` = p it is a hesitant teacher: on a fraction p of multi-hop questions (chosen by a hash
+of the question's uid and ``seed``, so the same demonstrations every run) it stops after the first hop and
+answers with the entity that hop found, which is wrong. A model imitating it learns how to chain searches
+(the other demonstrations show it) but searches again on a multi-hop question with a chance of about 1 - p:
+greedy decoding answers early, sampling sometimes goes on and reaches the answer. That is the partial skill
+RL's EM reward can lift (GRPO needs successes inside a group), rather than one SFT already completes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -24,13 +32,29 @@ from rllib_search.env.protocols import Protocol
 class TeacherPolicy:
     """Writes one segment per turn for questions that carry ``extra["hops"]``."""
 
-    def __init__(self, protocol: Protocol, state_plan: bool = False) -> None:
+    def __init__(
+        self, protocol: Protocol, state_plan: bool = False, early_answer: float = 0.0, seed: int = 0
+    ) -> None:
+        if not 0.0 <= early_answer <= 1.0:
+            raise ValueError(f"early_answer must be in [0, 1], got {early_answer}")
         self.protocol = protocol
         self.state_plan = state_plan
+        self.early_answer = early_answer
+        self.seed = seed
+
+    def answers_early(self, record: QARecord) -> bool:
+        """Whether this teacher stops after the first hop of ``record`` (multi-hop questions only)."""
+        if self.early_answer <= 0.0 or len(hops_of(record)) < 2:
+            return False
+        digest = hashlib.sha256(f"{self.seed}:{record.uid}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.early_answer
 
     def segment(self, record: QARecord, turn: int, retrieved_blocks: Sequence[str]) -> str:
         """The text of turn ``turn`` (0-based) given the observation bodies seen so far."""
         hops = hops_of(record)
+        early = self.answers_early(record)
+        if early:
+            hops = hops[:1]
         if turn < len(hops):
             query = hops[turn]["query"]
             if turn == 0:
@@ -38,7 +62,7 @@ class TeacherPolicy:
             else:
                 thought = f"The results say {hops[turn - 1]['answer']}. Next I need {query}."
             return self.protocol.render_search(query, thought=thought)
-        answer = record.golden_answers[0]
+        answer = hops[0]["answer"] if early else record.golden_answers[0]
         last_found = hops[-1]["answer"] if hops else answer
         evidence = self._evidence(hops, retrieved_blocks) if hops else None
         return self.protocol.render_answer(
