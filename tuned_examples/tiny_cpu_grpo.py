@@ -29,8 +29,10 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    group 8, 2 prompts, lr 2e-5, 50 held-out questions per hop: RL lifts 2-hop EM from 0 to 0.50-0.62 in 3-6
    iterations (paired gain interval [0.36, 0.64] and [0.48, 0.76]), the second search learned by RL, but
    the warm start does not tell 1-hop from 2-hop questions at that point, so RL makes it search twice
-   everywhere and 1-hop EM falls from 0.94 to 0.10-0.18; unscaled advantages (``--no-scale-by-std``) at
-   lr 3e-5 broke both. The defaults keep the run that does not trade 1-hop for 2-hop.)
+   everywhere and 1-hop EM falls from 0.94 to 0.10-0.18; at lr 1e-5 it swung to searching twice (iteration
+   4: 1-hop 0.40, 2-hop 0.48) and back to once (iteration 8: 0.92, 0); unscaled advantages
+   (``--no-scale-by-std``) at lr 3e-5 broke both. The defaults keep the run that does not trade 1-hop for
+   2-hop.)
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
