@@ -222,3 +222,40 @@ def test_smollm2_rollout_is_token_exact(world, retriever):
             assert (tuple(ids[:start]), tuple(ids[start:end])) in produced
         prompt_text = runner.tokenizer.decode(ids[: rollout.prompt_length])
         assert prompt_text.startswith("<|im_start|>") and world.train[0].question in prompt_text
+
+
+def test_balanced_sampling_draws_every_kind_equally_and_resumes(tiny_model_dir, world, retriever):
+    hops = {r.uid: r.extra["num_hops"] for r in world.train}
+    kinds = sorted(set(hops.values()))
+    assert len(kinds) > 1 and len({list(hops.values()).count(k) for k in kinds}) > 1  # unequal kinds
+    config = make_config(
+        tiny_model_dir,
+        world.train,
+        retriever,
+        max_turn_tokens=4,
+        prompts_per_sample=len(kinds),
+        balance_by="num_hops",
+    )
+    runner = LLMEnvRunner(config=config)
+    for _ in range(3):
+        drawn = sorted(hops[r.uid] for r in runner.sample())
+        assert drawn == sorted(kinds * config.group_size)  # each kind once per sample, group_size times
+    state = runner.get_state()
+    expected = [r.uid for r in runner.sample()]
+    resumed = LLMEnvRunner(config=config)
+    resumed.set_state(state)
+    assert [r.uid for r in resumed.sample()] == expected
+
+
+def test_stratified_sampler_walks_each_stratum_in_its_own_shuffle():
+    from rllib_search.algos.shuffled_sampler import StratifiedSampler
+
+    labels = ["a"] * 5 + ["b"] * 2 + ["c"] * 3
+    sampler = StratifiedSampler(labels, np.random.default_rng(0))
+    drawn = sampler.take(30)
+    assert [labels[i] for i in drawn] == ["a", "b", "c"] * 10
+    for kind, size in (("a", 5), ("b", 2), ("c", 3)):
+        mine = [i for i in drawn if labels[i] == kind]
+        for start in range(0, len(mine) - size + 1, size):  # every pass over a stratum holds each member once
+            assert sorted(mine[start : start + size]) == [i for i, x in enumerate(labels) if x == kind]
+    assert sampler.epoch == 4  # "b" (2 members, 10 draws) is on its fifth pass

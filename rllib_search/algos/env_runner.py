@@ -43,7 +43,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from rllib_search.algos.policies import EnginePolicy
 from rllib_search.algos.rollout import Rollout
 from rllib_search.algos.rollout_loop import roll_out
-from rllib_search.algos.shuffled_sampler import ShuffledSampler
+from rllib_search.algos.shuffled_sampler import ShuffledSampler, StratifiedSampler
 from rllib_search.data.records import QARecord
 from rllib_search.env.search_env import JudgeReport, MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.llm.engines import Engine, SamplingParams
@@ -82,7 +82,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )
         self.weights_version = 0
         seed = self.config.seed if self.config.seed is not None else 0
-        self._sampler = ShuffledSampler(len(self.records), np.random.default_rng([seed, self.worker_index]))
+        self._sampler = self._make_sampler(np.random.default_rng([seed, self.worker_index]))
         self._draws = 0
         self._sample_calls = 0
         self._retriever_retries = 0
@@ -239,13 +239,21 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.delete("reward", key_error=False)  # the old stage's reward components
         if stage.dataset is not None:
             self.records = self._shard(self._load_dataset(stage.dataset))
-            self._sampler.restart(len(self.records))
+            self._sampler = self._make_sampler(self._sampler.rng)
         self.reward_stage = index
 
     def _turn_seed(self, turn: int) -> int:
         return (
             int(self.config.seed) * 1_000_003 + self.worker_index * 10_007 + self._sample_calls * 101 + turn
         )
+
+    def _make_sampler(self, rng: np.random.Generator) -> ShuffledSampler | StratifiedSampler:
+        """One shuffle over this shard's questions, or, with ``rollouts(balance_by=key)``, a shuffle per
+        value of ``record.extra[key]`` drawn round-robin (a record without the key is its own kind: None)."""
+        key = self.config.balance_by
+        if not key:
+            return ShuffledSampler(len(self.records), rng)
+        return StratifiedSampler([r.extra.get(key) for r in self.records], rng)
 
     def _next_records(self, count: int) -> list[QARecord]:
         """The next ``count`` questions of this runner's shard, reshuffled every epoch."""

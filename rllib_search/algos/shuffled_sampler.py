@@ -1,8 +1,10 @@
 """ShuffledSampler: indices of a dataset in a seeded order, reshuffled every epoch, with a checkpointable
-position. The EnvRunner draws its questions and masked SFT its demonstrations through it."""
+position. The EnvRunner draws its questions and masked SFT its demonstrations through it;
+StratifiedSampler draws the same way within strata, round-robin over them (``rollouts(balance_by=...)``)."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,3 +51,43 @@ class ShuffledSampler:
         self.position = int(state["position"])
         self.epoch = int(state.get("epoch", self.epoch))
         self.rng.bit_generator.state = state["rng"]
+
+
+class StratifiedSampler:
+    """Draws indices round-robin over strata (e.g. each question's hop count): one ``ShuffledSampler``
+    per stratum, strata visited in sorted order, so every ``k`` consecutive draws hold one of each of the
+    ``k`` strata whatever their sizes. GRPO batches then mix question kinds evenly every iteration rather
+    than by the luck of a shuffle (a run of two same-kind prompts pushes a shared decision one way only).
+    The checkpointable state is each stratum's sampler and the round-robin position."""
+
+    def __init__(self, labels: Sequence[Hashable], rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.restart(labels)
+
+    def restart(self, labels: Sequence[Hashable]) -> None:
+        """Fresh strata for a new dataset's ``labels`` (one per record), from the start."""
+        keys = sorted(set(labels), key=repr)
+        self.members = [np.flatnonzero([label == key for label in labels]) for key in keys]
+        self.strata = [ShuffledSampler(len(members), self.rng) for members in self.members]
+        self.turn = 0
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the smallest stratum (it is the one reshuffled most often)."""
+        return max((s.epoch for s in self.strata), default=0)
+
+    def take(self, count: int) -> list[int]:
+        chosen = []
+        for _ in range(count):
+            k = self.turn % len(self.strata)
+            chosen.append(int(self.members[k][self.strata[k].take(1)[0]]))
+            self.turn += 1
+        return chosen
+
+    def get_state(self) -> dict[str, Any]:
+        return {"strata": [s.get_state() for s in self.strata], "turn": self.turn}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for sampler, sub in zip(self.strata, state["strata"], strict=True):
+            sampler.set_state(sub)
+        self.turn = int(state["turn"])
