@@ -31,8 +31,15 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    the warm start does not tell 1-hop from 2-hop questions at that point, so RL makes it search twice
    everywhere and 1-hop EM falls from 0.94 to 0.10-0.18; at lr 1e-5 it swung to searching twice (iteration
    4: 1-hop 0.40, 2-hop 0.48) and back to once (iteration 8: 0.92, 0); unscaled advantages
-   (``--no-scale-by-std``) at lr 3e-5 broke both. The defaults keep the run that does not trade 1-hop for
-   2-hop.)
+   (``--no-scale-by-std``) at lr 3e-5 broke both. Continued at lr 2e-5, RL slowly teaches the model to
+   answer 1-hop questions right after an unneeded second search (1-hop 0.10 at iteration 3, 0.32 at 12,
+   2-hop ~0.6 throughout), too slowly for this budget. Balanced GRPO batches (``rollouts(balance_by=
+   "num_hops")``, one prompt of each kind per iteration) at lr 1e-5 cancel: no lift at all. Warm starts
+   that read the question better (the hesitant teacher keeping the full plan; 4x more questions as
+   first-turn-only demonstrations; a first thought that names the asked-for relation so the fork compares
+   two words in view) reached at most 0.94 vs 1.17 sampled searches per 1-hop / 2-hop episode, and GRPO
+   from them found too few 2-hop successes to lift. The defaults keep the run that does not trade 1-hop
+   for 2-hop.)
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
