@@ -62,13 +62,11 @@ class StratifiedSampler:
 
     def __init__(self, labels: Sequence[Hashable], rng: np.random.Generator) -> None:
         self.rng = rng
-        self.restart(labels)
-
-    def restart(self, labels: Sequence[Hashable]) -> None:
-        """Fresh strata for a new dataset's ``labels`` (one per record), from the start."""
-        keys = sorted(set(labels), key=repr)
-        self.members = [np.flatnonzero([label == key for label in labels]) for key in keys]
-        self.strata = [ShuffledSampler(len(members), self.rng) for members in self.members]
+        by_label: dict[Hashable, list[int]] = {}
+        for index, label in enumerate(labels):
+            by_label.setdefault(label, []).append(index)
+        self.members = [np.asarray(by_label[key]) for key in sorted(by_label, key=repr)]
+        self.strata = [ShuffledSampler(len(members), rng) for members in self.members]
         self.turn = 0
 
     @property
