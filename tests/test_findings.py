@@ -1,7 +1,7 @@
 """tuned_examples/findings.py end to end (--smoke, a tiny policy): one finding's two arms with two seeds each
 as Tune experiments, findings.json with intervals from the trials' per-question answers, the markdown table
-with "not yet run" rows, the learning-curve PNG, and a second run that resumes instead of retraining; plus
-the study's pure parts (verdicts, the algorithm arms' equal budget)."""
+with "not yet run" rows, the learning-curve PNG, finished trials without their checkpoints, and a second run
+that resumes instead of retraining; plus the study's pure parts (verdicts, the algorithm arms' budget)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
         return done.stdout
 
     run()
+    # Finished trials keep their results, not their checkpoints (the study's disk is its trials in flight).
+    assert list((out / "tune").glob("*/*/result.json")) and not list((out / "tune").glob("*/*/checkpoint_*"))
     document = json.loads((out / "findings.json").read_text())
     assert document["run"]["scale"] == "smoke" and document["run"]["seeds"] == [0, 1]
     masking = document["findings"]["masking"]

@@ -179,6 +179,7 @@ def run_arm(
         max_concurrent=args.max_concurrent,
         say=job.say,
         what=f"arm {arm.name!r}",
+        keep_checkpoints=False,  # 14 arms x 3 seeds x ~1.6 GB would not fit; results are all the report reads
     )
 
 

@@ -169,3 +169,21 @@ def warm_start(
         return algo.export(out_dir)
     finally:
         algo.stop()
+        del algo
+        release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    The warm start trains in the driver, and glibc keeps the policy's, optimizer's and activations' freed
+    blocks in its arenas: measured after 2 SFT steps of SmolLM2-135M, the driver's resident memory was
+    6.8 GB before the trim and 1.4 GB after, memory the findings study's trials beside it need. Nothing in
+    torch or Ray returns it; ``malloc_trim`` is the libc call that does."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
