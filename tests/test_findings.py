@@ -114,3 +114,28 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert "warm start: reusing" in stdout and stdout.count("resuming the arm") == 2
     again = json.loads((out / "findings.json").read_text())
     assert again["findings"]["masking"]["arms"] == masking["arms"]
+
+    # Another machine (the study spans sessions; Tune results do not travel): with nothing under a fresh
+    # --out, the report is rewritten from the committed findings.json, its finished findings kept.
+    elsewhere = tmp_path / "elsewhere"
+    report = [sys.executable, str(ROOT / "tuned_examples" / "findings.py"), "--smoke", "--report-only"]
+    report += ["--out", str(elsewhere), "--json", str(out / "findings.json")]
+    done = subprocess.run(report, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    moved = json.loads((out / "findings.json").read_text())
+    assert moved["run"] == again["run"] and moved["findings"]["masking"] == again["findings"]["masking"]
+    table = (elsewhere / "findings.md").read_text()
+    assert "| masking on |" in table and "| masking on | not yet run |" not in table
+    # A run with other settings carries nothing over (its arms are not the same experiment).
+    runner = _findings_script()
+    assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}
+    assert runner.carried_over(out / "findings.json", {**moved["run"], "iterations": 2}) == {}
+
+
+def _findings_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("findings_script", ROOT / "tuned_examples" / "findings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

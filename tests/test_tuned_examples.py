@@ -188,3 +188,14 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                 process.send_signal(signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_relative_out_becomes_absolute(tmp_path, monkeypatch):
+    """Tune trials and Serve replicas run in their own working directories: a warm start or checkpoint
+    path handed to them must not be relative to the driver's."""
+    from rllib_search.recipes.jobs import RecipeJob, job_arguments
+
+    monkeypatch.chdir(tmp_path)
+    args = job_arguments("an example", iterations=1).parse_args(["--out", "runs/example"])
+    job = RecipeJob("example", args)
+    assert job.out.is_absolute() and job.out == tmp_path / "runs" / "example" and job.out.is_dir()

@@ -16,7 +16,9 @@ question, so an arm's EM and an arm-vs-arm difference get bootstrap intervals (`
 
 Run the same command again and it resumes: finished arms are read back, unfinished ones continue from their
 checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study (hours on two CPU cores)
-can span sessions. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval,
+can span sessions. It also spans machines: a finding whose every arm is already analysed in the results
+file (``--json``, committed) with the same run settings is kept, not run again, and the report merges it
+with what ran here. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval,
 the paper's direction and whether it reproduced here; learning-curve PNGs under ``docs/findings/``) and
 ``benchmarks/results/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
 the rest); ``--smoke`` writes them under ``--out`` instead.
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
         }
         (job.out / "run.json").write_text(json.dumps(run, indent=2))
+        carried = carried_over(json_path, run)
         held_out = [
             record
             for hops in run["hops"]
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             f"arm, {len(held_out)} held-out questions"
         )
         for finding in findings:
+            if carried.get(finding.key, {}).get("status") == "run" and not args.fresh:
+                job.say(f"{finding.key}: every arm's results are in {json_path} (same run settings); kept")
+                continue
             base = base_recipe(job, finding, run, context, args)
             for arm in finding.arms:
                 config = study.arm_config(base, arm, context)
@@ -183,18 +189,56 @@ def run_arm(
     )
 
 
+RUN_SETTINGS = (  # a finding's results carry over between machines only when all of these match
+    "scale",
+    "model",
+    "world_seed",
+    "iterations",
+    "seeds",
+    "held_out_per_hop",
+    "hops",
+    "warm_start_steps",
+    "weak_warm_start_steps",
+)
+
+
+def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The findings an earlier run (on this machine or another: the study spans sessions, and its Tune
+    results under ``--out`` do not travel) analysed in ``json_path`` with the same run settings: finding key
+    -> its analysis. A file from other settings, or none, carries nothing over."""
+    if not json_path.exists():
+        return {}
+    earlier = json.loads(json_path.read_text())
+    if any(earlier.get("run", {}).get(key) != run.get(key) for key in RUN_SETTINGS):
+        return {}
+    return {
+        key: analysis
+        for key, analysis in earlier.get("findings", {}).items()
+        if analysis.get("status") in ("run", "partly run")
+    }
+
+
+def arms_run(analysis: dict[str, Any] | None) -> int:
+    """How many of a finding's arms an analysis has results of."""
+    return sum(arm.get("status") == "run" for arm in (analysis or {}).get("arms", {}).values())
+
+
 def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
-    """The report from every arm's experiment found under ``out``/tune."""
+    """The report from every arm's experiment found under ``out``/tune, and from the findings an earlier
+    run wrote to ``json_path`` with the same settings that have no results under ``out``."""
     run_file = out / "run.json"
-    run = json.loads(run_file.read_text()) if run_file.exists() else {}
-    results = {}
+    if run_file.exists():
+        run = json.loads(run_file.read_text())
+    else:  # nothing ran here yet: rewrite what the earlier run wrote
+        run = json.loads(json_path.read_text()).get("run", {}) if json_path.exists() else {}
+    results = carried_over(json_path, run) if run else {}
     for finding in study.FINDINGS:
         trials = {}
         for arm in finding.arms:
             grid = restored_results(study.trainable(arm), out / "tune" / study.experiment_name(finding, arm))
             if grid is not None:
                 trials[arm.name] = [study.trial_record(result) for result in grid]
-        if trials:
+        if trials and len(trials) >= arms_run(results.get(finding.key)):
             results[finding.key] = study.analyse(finding, trials)
     study.report(run, results, markdown, json_path)
     say(f"wrote {markdown} and {json_path}")

@@ -118,7 +118,8 @@ class RecipeJob:
     def __init__(self, name: str, args: argparse.Namespace) -> None:
         self.name = name
         self.args = args
-        self.out = Path(args.out or f"runs/{name}")
+        # Absolute: Tune trials and Serve replicas run in other working directories.
+        self.out = Path(args.out or f"runs/{name}").resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.perf_counter()
         self.scale = "paper" if not (args.smoke or args.embedded) else "cpu"
