@@ -410,3 +410,62 @@ def test_bf16_autocast_update_is_finite_and_trains(ray_cluster, model_dir, world
     assert any(not torch.equal(before[k], v) for k, v in policy_weights(algo).items())
     assert all(v.dtype == torch.float32 for v in policy_weights(algo).values())  # master weights stay fp32
     algo.stop()
+
+
+def test_ptx_demonstrations_train_by_their_nll_only(ray_cluster, model_dir, world, corpus, demonstrations):
+    """PPO-ptx: demonstration rows carry no advantage and no RL term (with coeff 0 the update is the plain
+    RL one); with a coeff they raise their own tokens' log-probs; the Algorithm draws them each iteration
+    and checkpoints its position."""
+    episodes, demos = demonstrations[:2], demonstrations[2:4]
+    settings = {"micro_batch_size": 8, "grad_clip": None, "old_logprobs": "recompute"}
+
+    def weights_after(batch, coeff):
+        config = make_config(SearchGRPOConfig, model_dir, world, corpus, lr=5e-3, **settings)
+        algo = config.ptx(demonstrations=demos, coeff=coeff).build_algo() if coeff else config.build_algo()
+        results = learner_of(algo).update(batch=batch)["default_policy"]
+        weights = policy_weights(algo)
+        algo.stop()
+        return weights, results["policy_loss"].peek()
+
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus)
+    mixed = train_batch(episodes, config, 0, demonstrations=demos).policy_batches["default_policy"]
+    assert mixed["ptx"].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert mixed["episode_advantages"][2:].tolist() == [0.0, 0.0]
+    plain = with_advantages(episodes, [1.0, 0.5], config)
+    with_demos = train_batch(episodes, config, 0, demonstrations=demos)
+    with_demos.policy_batches["default_policy"]["episode_advantages"][:2] = [1.0, 0.5]
+    baseline, baseline_loss = weights_after(plain, 0.0)
+    weights, loss = weights_after(with_demos, 0.0)
+    assert loss == pytest.approx(baseline_loss, rel=1e-4, abs=1e-6)
+    for name, value in weights.items():  # Adam moves each weight ~lr (5e-3)
+        torch.testing.assert_close(value, baseline[name], atol=5e-4, rtol=0)
+
+    # With a coeff and no RL signal (advantages 0) the update is the demonstrations' NLL step.
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, lr=5e-3, **settings)
+    algo = config.ptx(demonstrations=demos, coeff=1.0, batch_size=2).build_algo()
+    batch = train_batch(episodes, algo.config, 0, demonstrations=demos)
+    batch.policy_batches["default_policy"]["episode_advantages"][:] = 0.0
+    columns = {k: torch.as_tensor(v) for k, v in batch.policy_batches["default_policy"].items()}
+    module = learner_of(algo).module["default_policy"].unwrapped()
+
+    def demo_logprob() -> float:
+        with torch.no_grad():
+            logprobs = module.forward_train(columns)["logprobs"][2:]
+        mask = columns["loss_mask"][2:]
+        return float((logprobs * mask).sum() / mask.sum())
+
+    before = demo_logprob()
+    results = learner_of(algo).update(batch=batch)
+    assert demo_logprob() > before and results["default_policy"]["ptx_nll"].peek() > 0
+    # The Algorithm mixes ptx_batch_size demonstrations into every iteration, position checkpointed.
+    assert "ptx_nll" in algo.train()["learners"]["default_policy"]
+    state = algo.get_state()
+    assert state["ptx_position"] == algo._ptx_sampler.get_state()
+    following = algo.next_ptx_demonstrations()
+    algo.set_state({"ptx_position": state["ptx_position"]})
+    assert [d.token_ids.tolist() for d in algo.next_ptx_demonstrations()] == [
+        d.token_ids.tolist() for d in following
+    ]
+    algo.stop()
+    with pytest.raises(ValueError, match="needs demonstrations"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus).ptx(coeff=0.5).validate()

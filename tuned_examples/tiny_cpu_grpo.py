@@ -97,6 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rl-lr", type=float, default=3e-5)
     p.add_argument("--kl-coeff", type=float, default=0.001)
     p.add_argument(
+        "--ptx-coeff",
+        type=float,
+        default=0.0,
+        help="PPO-ptx: weight of the masked NLL on the warm start's 1-hop demonstrations in every GRPO "
+        "update (anchors 1-hop answering while RL teaches the second search; 0: off)",
+    )
+    p.add_argument("--ptx-batch", type=int, default=8, help="PPO-ptx demonstrations per GRPO iteration")
+    p.add_argument(
         "--scale-by-std",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -242,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             scale_by_std=args.scale_by_std,
         )
     )
+    if args.ptx_coeff > 0:
+        one_hop_demos = [d for d, q in zip(demos, demo_questions, strict=True) if q.extra["num_hops"] == 1]
+        grpo_config.ptx(demonstrations=one_hop_demos, coeff=args.ptx_coeff, batch_size=args.ptx_batch)
     grpo = grpo_config.build_algo()
     history = []
     for iteration in range(1, args.rl_iterations + 1):

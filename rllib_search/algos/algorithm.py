@@ -61,6 +61,7 @@ from rllib_search.algos.checkpoint_check import check_checkpoint
 from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
 from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
+from rllib_search.algos.shuffled_sampler import ShuffledSampler
 
 logger = logging.getLogger(__name__)
 
@@ -123,10 +124,24 @@ def held_out_answers(records: list[Any], rollouts: list[Rollout]) -> str:
     )
 
 
-def train_batch(rollouts: list[Rollout], config: Any, pad_token_id: int) -> MultiAgentBatch:
-    """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode)."""
-    columns = {k: v.numpy() for k, v in pad_rollouts(rollouts, pad_token_id).items()}
-    columns["episode_advantages"] = episode_advantages(rollouts, config).astype(np.float32)
+def train_batch(
+    rollouts: list[Rollout],
+    config: Any,
+    pad_token_id: int,
+    demonstrations: list[Rollout] | None = None,
+) -> MultiAgentBatch:
+    """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode).
+    ``demonstrations`` (PPO-ptx, ``config.ptx``) follow the episodes as rows with no advantage and a
+    ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead."""
+    demonstrations = demonstrations or []
+    rows = rollouts + demonstrations
+    columns = {k: v.numpy() for k, v in pad_rollouts(rows, pad_token_id).items()}
+    advantages = episode_advantages(rollouts, config) if rollouts else np.zeros(0)
+    columns["episode_advantages"] = np.concatenate([advantages, np.zeros(len(demonstrations))]).astype(
+        np.float32
+    )
+    if demonstrations:
+        columns["ptx"] = np.repeat(np.float32([0.0, 1.0]), [len(rollouts), len(demonstrations)])
     env_steps = sum(r.stats.get("turns", 1) for r in rollouts)
     return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=env_steps)
 
@@ -142,6 +157,10 @@ class SearchAlgorithm(Algorithm):
         stages = config.reward_stages
         self.reward_schedule = RewardSchedule(stages) if stages else None
         super().setup(config)
+        self._ptx_sampler = None
+        if self.config.ptx_coeff > 0:
+            count = len(self.config.ptx_demonstrations)
+            self._ptx_sampler = ShuffledSampler(count, np.random.default_rng(self.config.seed or 0))
         if getattr(self.config, "dashboard_metrics_enabled", True):
             dashboard_metrics.install(self)
 
@@ -149,7 +168,7 @@ class SearchAlgorithm(Algorithm):
         rollouts = self.sample_rollouts()
         if self.config.colocate:  # the learners get the GPU memory until the new weights are in the engines
             self._foreach_runner(lambda runner: runner.release_engine())
-        batch = train_batch(rollouts, self.config, self._pad_token_id())
+        batch = train_batch(rollouts, self.config, self._pad_token_id(), self.next_ptx_demonstrations())
         self.metrics.log_value(
             (LEARNER_RESULTS, "batch_tokens"), int(sum(len(r) for r in rollouts)), reduce="sum"
         )
@@ -185,6 +204,13 @@ class SearchAlgorithm(Algorithm):
             and (self.iteration + 1) % self.config.held_out_interval == 0
         ):
             self.metrics.log_dict(self.evaluate_held_out(), key="evaluation", window=1)
+
+    def next_ptx_demonstrations(self) -> list[Rollout]:
+        """The next ``ptx_batch_size`` PPO-ptx demonstrations (none without ``config.ptx``)."""
+        if self._ptx_sampler is None:
+            return []
+        chosen = self._ptx_sampler.take(int(self.config.ptx_batch_size))
+        return [self.config.ptx_demonstrations[i] for i in chosen]
 
     def log_batch_weights_lag(self, rollouts: list[Rollout]) -> None:
         """``learners/batch_weights_lag``: how many updates the learner had made beyond the oldest weights
@@ -396,6 +422,8 @@ class SearchAlgorithm(Algorithm):
             state["reward_stage_sampled"] = getattr(self, "_sampled_stage", None)
         if self._runner_states:
             state["remote_env_runners"] = dict(self._runner_states)
+        if self._ptx_sampler is not None:
+            state["ptx_position"] = self._ptx_sampler.get_state()
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -404,6 +432,8 @@ class SearchAlgorithm(Algorithm):
         if self.reward_schedule is not None and "reward_schedule" in state:
             self.reward_schedule.set_state(state["reward_schedule"])
             self._sampled_stage = state.get("reward_stage_sampled")
+        if self._ptx_sampler is not None and "ptx_position" in state:
+            self._ptx_sampler.set_state(state["ptx_position"])
         if "remote_env_runners" in state:
             self._runner_states = {int(k): v for k, v in state["remote_env_runners"].items()}
             self._push_to_remote_runners(weights=False)

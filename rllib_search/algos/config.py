@@ -71,6 +71,10 @@ class SearchConfig(AlgorithmConfig):
         self.micro_batch_size = 4
         self.deepspeed: dict[str, Any] | None = None
         self.autocast: bool | None = None
+        # PPO-ptx (InstructGPT; OpenRLHF's ptx_coef): a masked NLL on demonstrations in every RL update.
+        self.ptx_demonstrations: list[Any] | None = None
+        self.ptx_coeff = 0.0
+        self.ptx_batch_size = 8
         # A reward schedule (R1-Searcher's two stages); None keeps the env's reward throughout.
         self.reward_stages: list[Any] | None = None
         # Held-out questions rolled out greedily every `held_out_interval` iterations (None: no evaluation).
@@ -187,6 +191,28 @@ class SearchConfig(AlgorithmConfig):
         if sample_retries is not NotProvided:
             self.sample_retries = int(sample_retries)
         super().fault_tolerance(**kwargs)
+        return self
+
+    def ptx(
+        self,
+        *,
+        demonstrations: list[Any] | Any | None = NotProvided,
+        coeff: float | Any = NotProvided,
+        batch_size: int | Any = NotProvided,
+    ) -> SearchConfig:
+        """PPO-ptx (InstructGPT's pretraining mix, OpenRLHF's ``ptx_coef``): every RL iteration also trains
+        on the next ``batch_size`` of ``demonstrations`` (teacher Rollouts, as ``SearchSFTConfig`` takes;
+        reshuffled every epoch, seeded, position checkpointed), adding ``coeff`` times their masked NLL to
+        the RL loss of each update. It anchors what a warm start taught (e.g. answering 1-hop questions
+        after one search) while RL learns what it did not (searching again on 2-hop ones). The
+        demonstrations ride in the learner batch as rows marked ``ptx`` (no advantage, no KL): they add
+        ``batch_size`` episodes to the iteration's mini-batches. ``coeff`` 0 (the default) is plain RL."""
+        if demonstrations is not NotProvided:
+            self.ptx_demonstrations = None if demonstrations is None else list(demonstrations)
+        if coeff is not NotProvided:
+            self.ptx_coeff = float(coeff)
+        if batch_size is not NotProvided:
+            self.ptx_batch_size = int(batch_size)
         return self
 
     def checkpointing(
@@ -325,6 +351,15 @@ class SearchConfig(AlgorithmConfig):
         for name in ("kl_coeff", "entropy_coeff", "vf_loss_coeff", "weight_decay"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.ptx_coeff < 0:
+            raise ValueError(f"ptx coeff must be >= 0, got {self.ptx_coeff}")
+        if self.ptx_coeff > 0:
+            if self.advantage_estimator == "sft":
+                raise ValueError("ptx(coeff>0) mixes demonstrations into RL; SFT trains on them already")
+            if not self.ptx_demonstrations:
+                raise ValueError("ptx(coeff>0) needs demonstrations: config.ptx(demonstrations=[...])")
+            if self.ptx_batch_size < 1:
+                raise ValueError(f"ptx batch_size must be at least 1, got {self.ptx_batch_size}")
         if not (0 <= self.gamma <= 1 and 0 <= self.lambda_ <= 1):
             raise ValueError("gamma and lambda_ must be in [0, 1]")
         if int(self.micro_batch_size) < 1:

@@ -67,6 +67,15 @@ class SearchLearner(Learner, abc.ABC):
         """The batch column that masks every loss term (generated tokens, or all response tokens)."""
         return "loss_mask" if self.config.mask_retrieved_tokens else "response_mask"
 
+    def split_ptx(self, columns: dict[str, Any]) -> tuple[Any, Any]:
+        """(the RL terms' mask, the PPO-ptx NLL's mask or None): the loss mask with the demonstration rows
+        (``ptx`` column 1) taken out of the first and kept in the second. Works on numpy and torch."""
+        mask = columns[self.loss_mask_key()]
+        if "ptx" not in columns:
+            return mask, None
+        ptx = columns["ptx"][:, None]
+        return mask * (1 - ptx), mask * ptx
+
     # --- update = prepare the shard once, then RLlib's epochs and mini-batches ------------------------
     @override(Learner)
     def update(self, batch: MultiAgentBatch | None = None, *, training_data: Any = None, **kwargs: Any):
@@ -102,7 +111,7 @@ class SearchLearner(Learner, abc.ABC):
     def token_advantages(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Token-level ``advantages`` (and ``returns`` for PPO) from ``episode_advantages``."""
         cfg = self.config
-        mask = columns[self.loss_mask_key()]
+        mask, _ = self.split_ptx(columns)  # demonstrations get no advantage and stay out of whitening
         episode = columns["episode_advantages"].astype(np.float64)
         if cfg.advantage_estimator == "grpo":
             return {"advantages": broadcast_to_tokens(episode, mask).astype(np.float32)}

@@ -294,13 +294,15 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         (when the KL is in the loss) - ``entropy_coeff`` * entropy + ``vf_loss_coeff`` * clipped value
         loss, or the masked NLL for SFT; every term under the loss mask."""
         cfg = self.config
-        mask = batch[self.loss_mask_key()]
         agg = cfg.loss_aggregation
         logprobs = fwd_out["logprobs"]
-        entropy = masked_mean(fwd_out["entropy"].detach(), mask, "token")
         if cfg.advantage_estimator == "sft":
+            mask = batch[self.loss_mask_key()]
             loss = masked_mean(-logprobs, mask, agg)
+            entropy = masked_mean(fwd_out["entropy"].detach(), mask, "token")
             return loss, {"sft_nll": loss.detach(), "entropy": entropy}
+        mask, ptx_mask = self.split_ptx(batch)
+        entropy = masked_mean(fwd_out["entropy"].detach(), mask, "token")
         policy_loss, stats = clipped_policy_loss(
             logprobs, batch["old_logprobs"], batch["advantages"], mask, cfg.clip_param, agg
         )
@@ -320,6 +322,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             )
             stats["value_loss"] = value_loss.detach()
             loss = loss + cfg.vf_loss_coeff * value_loss
+        if ptx_mask is not None:
+            ptx_nll = masked_mean(-logprobs, ptx_mask, agg)
+            stats["ptx_nll"] = ptx_nll.detach()
+            loss = loss + cfg.ptx_coeff * ptx_nll
         return loss, stats
 
     # --- gradient accumulation ------------------------------------------------------------------------
