@@ -57,8 +57,9 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     argv += ["--num-cpus", "2"]
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
-    def run() -> str:
-        done = subprocess.run(argv, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    def run(*extra: str) -> str:
+        command = [*argv, *extra]
+        done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
 
@@ -109,11 +110,16 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert "![Retrieved-token masking](findings/masking.png)" in table
     assert (out / "findings" / "masking.png").stat().st_size > 0
 
-    # Run again: the warm start and both arms' experiments are restored, not retrained.
-    stdout = run()
+    # Run again (reporting elsewhere, so the first report carries nothing over): the warm start and both
+    # arms' Tune experiments are restored, not retrained.
+    stdout = run("--json", str(tmp_path / "again.json"), "--markdown", str(tmp_path / "again.md"))
     assert "warm start: reusing" in stdout and stdout.count("resuming the arm") == 2
-    again = json.loads((out / "findings.json").read_text())
+    again = json.loads((tmp_path / "again.json").read_text())
     assert again["findings"]["masking"]["arms"] == masking["arms"]
+
+    # And again with the first report: the finding it holds with the same settings is kept, not restored.
+    stdout = run()
+    assert "every arm's results are in" in stdout and "resuming the arm" not in stdout
 
     # Another machine (the study spans sessions; Tune results do not travel): with nothing under a fresh
     # --out, the report is rewritten from the committed findings.json, its finished findings kept.
