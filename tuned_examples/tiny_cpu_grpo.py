@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     table.append(evaluate(sft, "after warm start"))
     warm_dir = sft.export(out / "warm_start_model")
     sft.stop()
+    embedded.release_freed_memory()  # the SFT learner's memory back to the OS before GRPO builds its own
 
     # 4. GRPO from the warm start on 2-hop questions.
     grpo_config = (
