@@ -108,6 +108,7 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert "| Retrieved-token masking | masking on |" in table and "| masking off |" in table
     assert "| Retriever quality | BM25 | not yet run |" in table and "seeds [0, 1]" in table
     assert "![Retrieved-token masking](findings/masking.png)" in table
+    assert table.count("1-hop ") >= 2 and table.count("2-hop ") >= 2  # each arm's EM per hop count
     assert (out / "findings" / "masking.png").stat().st_size > 0
 
     # Run again (reporting elsewhere, so the first report carries nothing over): the warm start and both
@@ -132,6 +133,15 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert moved["run"] == again["run"] and moved["findings"]["masking"] == again["findings"]["masking"]
     table = (elsewhere / "findings.md").read_text()
     assert "| masking on |" in table and "| masking on | not yet run |" not in table
+    # --report-only with a relative --out reads the Tune results back (they need an absolute path).
+    report = [sys.executable, str(ROOT / "tuned_examples" / "findings.py"), "--smoke", "--report-only"]
+    report += ["--out", out.name, "--json", str(tmp_path / "relative.json")]
+    done = subprocess.run(
+        report, cwd=out.parent, env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    relative = json.loads((tmp_path / "relative.json").read_text())
+    assert relative["findings"]["masking"]["arms"] == masking["arms"]
     # A run with other settings carries nothing over (its arms are not the same experiment).
     runner = _findings_script()
     assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}

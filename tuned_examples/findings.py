@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args.embedded = not args.smoke  # the study's scale is the embedded default's
     size = SIZES["smoke" if args.smoke else "embedded"]
     findings = study.select(args.findings)
-    out = Path(args.out or "runs/findings")
+    out = Path(args.out or "runs/findings").resolve()  # Tune reads results back by absolute path
     markdown = Path(args.markdown or (out / "findings.md" if args.smoke else ROOT / "docs" / "findings.md"))
     json_path = Path(
         args.json
