@@ -137,8 +137,11 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "even the weaker warm start emits the protocol most of the time, so the format term has little "
-            "left to teach; its effect in the study is on speed over hundreds of steps (see the curves)"
+            "the weaker warm start (3 SFT steps) writes a well-formed trajectory in about a quarter of its "
+            "training episodes and answers right in 2-3%; at 8 episodes an iteration, 10 iterations are 80 "
+            "episodes a seed: the format term kept the well-formed rate at 0.25 (λ_f = 0: 0.20 falling to "
+            "0.15) but the answer reward almost never fired in either arm, so held-out EM stayed near 0.06 "
+            "in both; the study's speed-up is over hundreds of steps of 512 episodes"
         ),
     ),
     Finding(
