@@ -18,10 +18,10 @@ Run the same command again and it resumes: finished arms are read back, unfinish
 checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study (hours on two CPU cores)
 can span sessions. It also spans machines: a finding whose every arm is already analysed in the results
 file (``--json``, committed) with the same run settings is kept, not run again, and the report merges it
-with what ran here. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval,
-the paper's direction and whether it reproduced here; learning-curve PNGs under ``docs/findings/``) and
-``benchmarks/results/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
-the rest); ``--smoke`` writes them under ``--out`` instead.
+with what ran here (with nothing left to run, no Ray is started). It writes ``docs/findings.md`` (one
+table: each arm's held-out EM with its 95% interval, the paper's direction and whether it reproduced here;
+learning-curve PNGs under ``docs/findings/``) and ``benchmarks/results/findings.json``, from every arm's
+results found under ``--out`` ("not yet run" for the rest); ``--smoke`` writes them under ``--out`` instead.
 
     python tuned_examples/findings.py                       # the whole study: 6 findings, 3 seeds, SmolLM2
     python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10
@@ -84,39 +84,44 @@ def main(argv: list[str] | None = None) -> int:
         write_report(out, markdown, json_path, print)
         return 0
 
-    with RecipeJob("findings", args) as job:
-        seeds = args.seeds or size["seeds"]
-        run = {
-            "scale": "smoke" if args.smoke else "embedded",
-            "model": args.model or "smollm2-135m-instruct",
-            "world_seed": args.seed,
-            "iterations": job.iterations,
-            "seeds": list(seeds),
-            "held_out_per_hop": args.held_out_per_hop or size["per_hop"],
-            "hops": list(args.hops),
-            "warm_start_steps": args.warm_start_steps or size["warm_start"],
-            "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
-        }
-        (job.out / "run.json").write_text(json.dumps(run, indent=2))
-        carried = carried_over(json_path, run)
+    job = RecipeJob("findings", args)  # Ray starts on entering it, only if a finding is left to run
+    seeds = args.seeds or size["seeds"]
+    run = {
+        "scale": "smoke" if args.smoke else "embedded",
+        "model": args.model or "smollm2-135m-instruct",
+        "world_seed": args.seed,
+        "iterations": job.iterations,
+        "seeds": list(seeds),
+        "held_out_per_hop": args.held_out_per_hop or size["per_hop"],
+        "hops": list(args.hops),
+        "warm_start_steps": args.warm_start_steps or size["warm_start"],
+        "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
+    }
+    (job.out / "run.json").write_text(json.dumps(run, indent=2))
+    carried = carried_over(json_path, run)
+    pending = [f for f in findings if args.fresh or carried.get(f.key, {}).get("status") != "run"]
+    for finding in findings:
+        if finding not in pending:
+            job.say(f"{finding.key}: every arm's results are in {json_path} (same run settings); kept")
+    if not pending:
+        write_report(job.out, markdown, json_path, job.say)
+        return 0
+    with job:
         held_out = [
             record
             for hops in run["hops"]
             for record in job.world.records("test", hops=hops)[: run["held_out_per_hop"]]
         ]
         context = {"served_retriever": job.retriever()}
-        if any("retrievers" in f.needs for f in findings):
+        if any("retrievers" in f.needs for f in pending):
             context["retrievers"] = retriever_specs(job)
-        if any("judge" in f.needs for f in findings):
+        if any("judge" in f.needs for f in pending):
             context["judge"] = job.judge()
         job.say(
-            f"findings {[f.key for f in findings]}: {job.iterations} iterations x seeds {list(seeds)} per "
+            f"findings {[f.key for f in pending]}: {job.iterations} iterations x seeds {list(seeds)} per "
             f"arm, {len(held_out)} held-out questions"
         )
-        for finding in findings:
-            if carried.get(finding.key, {}).get("status") == "run" and not args.fresh:
-                job.say(f"{finding.key}: every arm's results are in {json_path} (same run settings); kept")
-                continue
+        for finding in pending:
             base = base_recipe(job, finding, run, context, args)
             for arm in finding.arms:
                 config = study.arm_config(base, arm, context)
