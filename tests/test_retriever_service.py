@@ -201,83 +201,75 @@ def test_serve_config_yaml_builds_the_app(index_dir):
     )
 
 
-@pytest.mark.parametrize("high_throughput", [False, True], ids=["proxy", "haproxy"])
-def test_serve_retriever_command(index_dir, tmp_path, high_throughput):
-    """`rllib-search serve retriever` on its own local Ray with two replicas, answering Search-R1 requests
-    on 127.0.0.1 through Serve's proxy actor or through HAProxy straight to the replicas
-    (``--high-throughput``), and an HTTP client surviving a replica process killed mid-run."""
-    import signal
+INGRESSES = {"proxy actor": [], "HAProxy": ["--high-throughput"]}
+
+
+def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str]):
+    """``rllib-search serve retriever`` on its own local Ray (two replicas) in a subprocess; returns the
+    process and its port."""
     import subprocess
     import sys
 
+    port = free_port()
+    command = [sys.executable, "-m", "rllib_search.cli", "serve", "retriever", "--index", str(index_dir)]
+    command += ["--port", str(port), "--address", "local", "--num-cpus", "0.5"]
+    command += ["--min-replicas", "2", "--max-replicas", "2", "--duration-s", "180", *extra]
+    with log_path.open("w") as log:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True), port
+
+
+def check_serve_retriever(process, port: int, log_path: Path, ingress: str) -> None:
+    """The command answers Search-R1 requests on 127.0.0.1 through ``ingress``, rejects a bad one with a
+    422 and a message, and an HTTP client survives one of its replica processes killed mid-run."""
+    import signal
+
     import psutil
 
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rllib_search.cli",
-        "serve",
-        "retriever",
-        "--index",
-        str(index_dir),
-        "--port",
-        str(port),
-        "--address",
-        "local",
-        "--num-cpus",
-        "0.5",
-        "--min-replicas",
-        "2",
-        "--max-replicas",
-        "2",
-        "--duration-s",
-        "120",
-        *(["--high-throughput"] if high_throughput else []),
-    ]
-    log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/retrieve"
     response = None
-    try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                response = requests.post(
-                    f"http://127.0.0.1:{port}/retrieve",
-                    json={"queries": ["lead singer"], "topk": 2},
-                    timeout=10,
-                )
-                if response.status_code == 200:
-                    break
-            except requests.RequestException:
-                response = None
-            time.sleep(1.0)
-        assert response is not None and response.status_code == 200, (tmp_path / "serve.log").read_text()[
-            -3000:
+    deadline = time.monotonic() + 240  # two local Rays start side by side on two cores
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            response = requests.post(url, json={"queries": ["lead singer"], "topk": 2}, timeout=10)
+            if response.status_code == 200:
+                break
+        except requests.RequestException:
+            response = None
+        time.sleep(1.0)
+    assert response is not None and response.status_code == 200, log_path.read_text()[-3000:]
+    assert len(response.json()["result"][0]) == 2
+    bad = requests.post(url, json={"queries": ["x"], "topk": 0}, timeout=10)
+    assert bad.status_code == 422 and "topk" in bad.json()["detail"]
+    deadline = time.monotonic() + 30  # the app can answer just before serve.run returns and prints
+    while "retriever ready" not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f"retriever ready ({ingress})" in log_path.read_text()
+
+    def kill() -> None:  # a replica of THIS command's Ray: a descendant of its process
+        replicas = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "ServeReplica" in " ".join(child.cmdline())
         ]
-        assert len(response.json()["result"][0]) == 2
-        url = f"http://127.0.0.1:{port}/retrieve"
-        bad = requests.post(url, json={"queries": ["x"], "topk": 0}, timeout=10)
-        assert bad.status_code == 422 and "topk" in bad.json()["detail"]
-        ingress = "HAProxy" if high_throughput else "proxy actor"
-        deadline = time.monotonic() + 30  # the app can answer just before serve.run returns and prints
-        while "retriever ready" not in (tmp_path / "serve.log").read_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert f"retriever ready ({ingress})" in (tmp_path / "serve.log").read_text()
+        assert len(replicas) == 2, [" ".join(r.cmdline()) for r in replicas]
+        replicas[0].send_signal(signal.SIGKILL)
 
-        def kill() -> None:  # a replica of THIS command's Ray: a descendant of its process
-            replicas = [
-                child
-                for child in psutil.Process(process.pid).children(recursive=True)
-                if "ServeReplica" in " ".join(child.cmdline())
-            ]
-            assert len(replicas) == 2, [" ".join(r.cmdline()) for r in replicas]
-            replicas[0].send_signal(signal.SIGKILL)
+    assert_queries_survive_a_kill(RetrieverClient(url=url, timeout_s=20, max_retries=8, backoff_s=0.25), kill)
 
-        assert_queries_survive_a_kill(
-            RetrieverClient(url=url, timeout_s=20, max_retries=8, backoff_s=0.25), kill
-        )
+
+def test_serve_retriever_command(index_dir, tmp_path):
+    """`rllib-search serve retriever` twice, side by side (each on its own local Ray, to halve the suite's
+    wait for Ray to start): through Serve's proxy actor, and through HAProxy straight to the replicas
+    (``--high-throughput``). Each answers on 127.0.0.1 and survives a replica killed mid-run."""
+    started = {
+        ingress: (*start_serve_retriever(index_dir, tmp_path / f"{i}.log", extra), tmp_path / f"{i}.log")
+        for i, (ingress, extra) in enumerate(INGRESSES.items())
+    }
+    try:
+        for ingress, (process, port, log_path) in started.items():
+            check_serve_retriever(process, port, log_path, ingress)
     finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
+        for process, _, _ in started.values():
+            process.terminate()
+        for process, _, _ in started.values():
+            process.wait(timeout=60)
