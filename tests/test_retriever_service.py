@@ -213,7 +213,7 @@ def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str]):
     port = free_port()
     command = [sys.executable, "-m", "rllib_search.cli", "serve", "retriever", "--index", str(index_dir)]
     command += ["--port", str(port), "--address", "local", "--num-cpus", "0.5"]
-    command += ["--min-replicas", "2", "--max-replicas", "2", "--duration-s", "180", *extra]
+    command += ["--min-replicas", "2", "--max-replicas", "2", "--duration-s", "600", *extra]
     with log_path.open("w") as log:  # the child writes to its own copy of the descriptor
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True), port
 
