@@ -44,8 +44,10 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    both kinds, one search and reward 0 from iteration 4. The planning teacher without hesitation but
    with 8 SFT steps (40 1-hop + 80 2-hop demonstrations) never writes the plan's second clause: greedy
    searches 1.00 / 0.98, 2-hop EM 0, and 6 GRPO iterations (group 8, 2 prompts, mixed) sampled 1.0-1.2
-   searches and left 2-hop at 0 (1-hop 0.80 -> 0.72). The defaults keep the run that does not trade
-   1-hop for 2-hop.)
+   searches and left 2-hop at 0 (1-hop 0.80 -> 0.72). Minimal pairs (48 2-hop questions each beside the
+   1-hop question of its first hop, the hesitant teacher at 0.3 keeping the full plan, 12 SFT steps)
+   planned two hops everywhere (searches 2.00 / 1.90, EM 0.02 / 0.62), and 6 mixed GRPO iterations traded
+   back (1-hop 0.46, 2-hop 0.14). The defaults keep the run that does not trade 1-hop for 2-hop.)
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
