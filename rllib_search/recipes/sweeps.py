@@ -42,7 +42,12 @@ def fit_or_restore(
     experiment = storage / name
     if experiment.exists() and not fresh and tune.Tuner.can_restore(str(experiment)):
         say(f"resuming the {what} in {experiment}")
-        tuner = tune.Tuner.restore(str(experiment), trainable=trainable, resume_errored=True)
+        # The param space goes back in: Tune keeps its non-primitive values (classes, records) out of the
+        # saved state as placeholders, and a trial the restored search creates later (a seed not yet
+        # started when the run stopped) can only be configured with them resolved.
+        tuner = tune.Tuner.restore(
+            str(experiment), trainable=trainable, param_space=param_space, resume_errored=True
+        )
     else:
         tuner = tune.Tuner(
             trainable,
