@@ -3,6 +3,7 @@ update, micro-batching, the NaN guard, SFT, 2 learners = 1, checkpoint/resume an
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -189,6 +190,45 @@ def test_sft_learns_the_demonstrated_tokens_only(ray_cluster, model_dir, world, 
     losses = [algo.train()["learners"]["default_policy"]["sft_nll"] for _ in range(6)]
     assert losses[-1] < 0.8 * losses[0]
     algo.stop()
+
+
+def test_sft_weights_each_tokens_nll_by_its_nll_weight(ray_cluster, model_dir, world, corpus):
+    """Decision-token weights: the SFT loss is the masked mean of the weighted NLL, and one update raises
+    the up-weighted tokens' log-probs more than the same update without weights does."""
+    settings = SearchEnvConfig.from_dict(ENV_SETTINGS)
+    tokenizer = load_tokenizer(model_dir)
+    retriever = BM25Retriever(world.passages)
+    weighted = teacher_rollouts(
+        tokenizer, retriever, world.train[:4], settings, state_plan=True, decision_weight=30.0
+    )
+    plain = [dataclasses.replace(d, nll_weights=None) for d in weighted]
+    decisions = [np.flatnonzero(d.nll_weights == 30.0) for d in weighted]
+    assert all(len(positions) >= 1 for positions in decisions)
+
+    def one_update(demos):
+        config = make_config(SearchSFTConfig, model_dir, world, corpus, lr=1e-3, grad_clip=None)
+        algo = config.sft(demonstrations=demos, sft_batch_size=4).build_algo()
+        batch = train_batch(demos, algo.config, 0)
+        columns = {k: torch.as_tensor(v) for k, v in batch.policy_batches["default_policy"].items()}
+        module = learner_of(algo).module["default_policy"].unwrapped()
+        with torch.no_grad():
+            before = module.forward_train(columns)["logprobs"]
+        reported = learner_of(algo).update(batch=batch)["default_policy"]["sft_nll"].peek()
+        with torch.no_grad():
+            after = module.forward_train(columns)["logprobs"]
+        algo.stop()
+        gain = np.mean([float((after - before)[row, p - 1].mean()) for row, p in enumerate(decisions)])
+        return columns, before, reported, gain
+
+    columns, before, reported, weighted_gain = one_update(weighted)
+    mask, weights = columns["loss_mask"], columns["nll_weights"]
+    per_sequence = (-before * weights * mask).sum(-1) / mask.sum(-1)
+    assert reported == pytest.approx(float(per_sequence.mean()), rel=1e-4)
+    plain_columns, plain_before, plain_reported, plain_gain = one_update(plain)
+    assert "nll_weights" not in plain_columns
+    plain_per_sequence = (-plain_before * mask).sum(-1) / mask.sum(-1)
+    assert plain_reported == pytest.approx(float(plain_per_sequence.mean()), rel=1e-4)
+    assert weighted_gain > plain_gain + 0.05
 
 
 def test_each_algorithm_trains_with_the_served_retriever(service, model_dir, world, corpus):

@@ -121,6 +121,74 @@ def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, early_answer=1.5)
 
 
+def test_a_lazy_plan_says_where_it_stops_and_decision_tokens_are_where_plans_part(
+    smollm2_tokenizer, world, world_retriever
+):
+    """The lazy plan: ", then answer." on the multi-hop questions the teacher answers early, the full plan on
+    the others, "." on 1-hop ones. The decision tokens are where those plans part ("." or ",", then " its"
+    or " answer"); with a stated plan, later turns carry it out and have none."""
+    config = SearchEnvConfig(protocol="search_r1", max_turns=3)
+    multi = [r for r in world.train if len(hops_of(r)) == 2][:12]
+    single = [r for r in world.train if len(hops_of(r)) == 1][:4]
+    demos = teacher_rollouts(
+        smollm2_tokenizer,
+        world_retriever,
+        multi + single,
+        config,
+        state_plan=True,
+        early_answer=0.5,
+        lazy_plan=True,
+        decision_weight=20.0,
+    )
+    kinds = set()
+    for demo, record in zip(demos, multi + single):
+        hops = hops_of(record)
+        ids = demo.token_ids.tolist()
+        plan = smollm2_tokenizer.decode(ids[slice(*demo.turn_spans[0])])
+        decisions = np.flatnonzero(demo.nll_weights == 20.0)
+        assert set(np.flatnonzero(demo.nll_weights == 1.0)) == set(np.flatnonzero(demo.loss_mask)) - set(
+            decisions
+        )
+        assert np.all(demo.nll_weights[demo.loss_mask == 0] == 0)
+        assert all(demo.turn_spans[0][0] <= p < demo.turn_spans[0][1] for p in decisions)
+        chosen = [smollm2_tokenizer.decode(ids[p : p + 1]) for p in decisions]
+        if len(hops) == 1:
+            kinds.add("one hop")
+            assert f"for {hops[0]['query']}." in plan and chosen == ["."]
+        elif demo.stats["searches"] == 1:
+            kinds.add("lazy")
+            assert f"for {hops[0]['query']}, then answer." in plan and chosen == [",", " answer"]
+            assert demo.answer == hops[0]["answer"]
+        else:
+            kinds.add("full")
+            assert ", then its " in plan and chosen == [",", " its"]
+            assert demo.answer == record.golden_answers[0]
+    assert kinds == {"one hop", "lazy", "full"}
+    plain = teacher_rollouts(smollm2_tokenizer, world_retriever, multi[:2], config, state_plan=True)
+    assert all(d.nll_weights is None for d in plain)  # weight 1: no weights at all
+    with pytest.raises(ValueError, match="state_plan"):
+        TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, lazy_plan=True)
+
+
+def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):
+    """No stated plan: the first search is the same for every question, and after each search the decision
+    is the turn's first token past "The results say <found>." (" Next" when it searches again)."""
+    config = SearchEnvConfig(protocol="search_r1", max_turns=3)
+    records = [r for r in world.train if len(hops_of(r)) == 2][:3] + [
+        r for r in world.train if len(hops_of(r)) == 1
+    ][:3]
+    demos = teacher_rollouts(smollm2_tokenizer, world_retriever, records, config, decision_weight=5.0)
+    for demo, record in zip(demos, records):
+        ids = demo.token_ids.tolist()
+        decisions = np.flatnonzero(demo.nll_weights == 5.0)
+        assert len(decisions) == len(demo.turn_spans) - 1  # one per turn after a search
+        for (start, end), position in zip(demo.turn_spans[1:], decisions):
+            assert start <= position < end
+            assert smollm2_tokenizer.decode(ids[start:position]).strip().endswith(".")
+        if len(hops_of(record)) == 2:
+            assert smollm2_tokenizer.decode(ids[decisions[0] : decisions[0] + 1]) == " Next"
+
+
 def test_episodes_finish_turn_by_turn_and_are_all_scored(smollm2_tokenizer, world, world_retriever):
     config = SearchEnvConfig(protocol="search_r1", max_turns=4)
     records = world.train[:8]

@@ -92,6 +92,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fraction of 2-hop demonstrations in which the teacher answers after the first hop (a hesitant "
         "teacher: the warm start knows how to chain searches, not when)",
     )
+    p.add_argument(
+        "--lazy-plan",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --state-plan and --early-answer: the hesitant teacher's plan says it will answer after "
+        "the first hop (', then answer.'), so only the second clause of a 2-hop plan hesitates",
+    )
+    p.add_argument(
+        "--decision-weight",
+        type=float,
+        default=1.0,
+        help="SFT weight of decision tokens (where the teacher's turn would differ for a question needing "
+        "another number of hops: '.' or ',' at the plan, ' Next' or '</think>' after a search); 1: plain NLL",
+    )
     p.add_argument("--sft-steps", type=int, default=8)
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
@@ -226,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         state_plan=args.state_plan,
         early_answer=args.early_answer,
         seed=args.seed,
+        lazy_plan=args.lazy_plan,
+        decision_weight=args.decision_weight,
     )
     say(
         f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "

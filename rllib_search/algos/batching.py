@@ -30,7 +30,9 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     - ``old_logprobs``: (B, T-1), the sampler's log-probability of the next token (0 off the mask);
     - ``rewards``: (B,), each episode's reward;
     - ``prompt_lengths``: (B,), each episode's prompt tokens (rows with the same prompt share its forward:
-      ``shared_prompt.py``).
+      ``shared_prompt.py``);
+    - ``nll_weights``: (B, T-1), the weight of the next token's NLL (SFT, PPO-ptx), 1 where a rollout has
+      no ``nll_weights``; only when one of them has.
     """
     if not rollouts:
         raise ValueError("no rollouts to batch")
@@ -41,6 +43,8 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     loss_mask = np.zeros((batch, width), dtype=np.float32)
     response_mask = np.zeros((batch, width), dtype=np.float32)
     logprobs = np.zeros((batch, width), dtype=np.float32)
+    weighted = any(r.nll_weights is not None for r in rollouts)
+    nll_weights = np.ones((batch, width), dtype=np.float32)
     for row, rollout in enumerate(rollouts):
         n = len(rollout)
         input_ids[row, :n] = rollout.token_ids
@@ -48,7 +52,9 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
         loss_mask[row, :n] = rollout.loss_mask
         response_mask[row, rollout.prompt_length : n] = 1.0
         logprobs[row, :n] = np.where(rollout.loss_mask.astype(bool), np.nan_to_num(rollout.logprobs), 0.0)
-    return {
+        if rollout.nll_weights is not None:
+            nll_weights[row, :n] = rollout.nll_weights
+    columns = {
         "input_ids": torch.from_numpy(input_ids),
         "attention_mask": torch.from_numpy(attention),
         "loss_mask": torch.from_numpy(loss_mask[:, 1:]),
@@ -57,6 +63,9 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
         "rewards": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
         "prompt_lengths": torch.tensor([r.prompt_length for r in rollouts], dtype=torch.int64),
     }
+    if weighted:
+        columns["nll_weights"] = torch.from_numpy(nll_weights[:, 1:])
+    return columns
 
 
 def broadcast_to_tokens(per_episode: Sequence[float], loss_mask: np.ndarray) -> np.ndarray:

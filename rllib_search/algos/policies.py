@@ -63,8 +63,8 @@ _MALFORMED = (
 
 class ScriptedPolicy:
     """A scripted policy's turns (see the module docstring). ``guesses`` are ``no_search``'s answers;
-    ``seed`` seeds its choices and the noisy teacher's; ``state_plan`` and ``early_answer`` are the
-    teacher's (see :class:`~rllib_search.env.teacher.TeacherPolicy`)."""
+    ``seed`` seeds its choices and the noisy teacher's; ``teacher`` writes the (noisy) teacher's turns
+    (default: a :class:`~rllib_search.env.teacher.TeacherPolicy` that searches once per hop)."""
 
     def __init__(
         self,
@@ -73,15 +73,14 @@ class ScriptedPolicy:
         tokenizer: Any,
         guesses: Sequence[str] = (),
         seed: int = 0,
-        state_plan: bool = False,
-        early_answer: float = 0.0,
+        teacher: TeacherPolicy | None = None,
     ) -> None:
         if name not in SCRIPTED_POLICIES:
             raise ValueError(f"unknown policy {name!r}; known: {SCRIPTED_POLICIES}")
         self.name = name
         self.protocol = protocol
         self.tokenizer = tokenizer
-        self.teacher = TeacherPolicy(protocol, state_plan, early_answer, seed)
+        self.teacher = teacher or TeacherPolicy(protocol, seed=seed)
         self.guesses = list(guesses)
         self.rng = random.Random(seed)
 

@@ -22,8 +22,9 @@ class Rollout:
     ``logprobs`` (the sampler's, NaN off generated tokens), ``turn_spans`` ((start, end) of each generated
     segment), the reward and its components, the GRPO ``group_id`` (unique across datasets and draws) and
     the ``weights_version`` of the policy that sampled it. ``evidence_answer`` is what the evidence judge
-    answered from the episode's evidence (R-Search), ``reward_notes`` why a reward term is 0, and
-    ``format_valid`` whether the response followed the protocol's format."""
+    answered from the episode's evidence (R-Search), ``reward_notes`` why a reward term is 0,
+    ``format_valid`` whether the response followed the protocol's format, and ``nll_weights`` (demonstrations
+    only; None means 1 everywhere) a weight per token on its NLL term in SFT and PPO-ptx."""
 
     token_ids: np.ndarray
     loss_mask: np.ndarray
@@ -44,6 +45,7 @@ class Rollout:
     evidence_answer: str | None = None
     reward_notes: dict[str, str] = field(default_factory=dict)
     format_valid: bool = False
+    nll_weights: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])

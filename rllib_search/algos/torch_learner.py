@@ -292,13 +292,15 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The total loss of one micro-batch and its components: clipped surrogate + ``kl_coeff`` * KL
         (when the KL is in the loss) - ``entropy_coeff`` * entropy + ``vf_loss_coeff`` * clipped value
-        loss, or the masked NLL for SFT; every term under the loss mask."""
+        loss, or the masked NLL for SFT; every term under the loss mask. The NLL terms (SFT, PPO-ptx) weight
+        each token by ``nll_weights`` where the batch has them (decision tokens of demonstrations)."""
         cfg = self.config
         agg = cfg.loss_aggregation
         logprobs = fwd_out["logprobs"]
+        nll = -logprobs * batch["nll_weights"] if "nll_weights" in batch else -logprobs
         if cfg.advantage_estimator == "sft":
             mask = batch[self.loss_mask_key()]
-            loss = masked_mean(-logprobs, mask, agg)
+            loss = masked_mean(nll, mask, agg)
             entropy = masked_mean(fwd_out["entropy"].detach(), mask, "token")
             return loss, {"sft_nll": loss.detach(), "entropy": entropy}
         mask, ptx_mask = self.split_ptx(batch)
@@ -323,7 +325,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             stats["value_loss"] = value_loss.detach()
             loss = loss + cfg.vf_loss_coeff * value_loss
         if ptx_mask is not None:
-            ptx_nll = masked_mean(-logprobs, ptx_mask, agg)
+            ptx_nll = masked_mean(nll, ptx_mask, agg)
             stats["ptx_nll"] = ptx_nll.detach()
             loss = loss + cfg.ptx_coeff * ptx_nll
         return loss, stats

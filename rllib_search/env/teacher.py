@@ -17,6 +17,16 @@ answers with the entity that hop found, which is wrong. A model imitating it lea
 (the other demonstrations show it) but searches again on a multi-hop question with a chance of about 1 - p:
 greedy decoding answers early, sampling sometimes goes on and reaches the answer. That is the partial skill
 RL's EM reward can lift (GRPO needs successes inside a group), rather than one SFT already completes.
+
+With ``lazy_plan`` (with ``state_plan`` and ``early_answer``) the hesitant teacher says so where it plans: its
+first thought on the questions it answers early is "I need to search for X, then answer." So a plan that
+goes on (", then") is written for every multi-hop question and never for a one-hop one, which makes the
+first fork follow the question, while the second (" its" next hop or " answer") is where the warm start
+hesitates and only multi-hop questions reach it.
+
+``alternatives`` gives, for each turn, the other turns this teacher writes at that point for questions that
+need a different number of further hops; the first token where a demonstration's turn departs from one of
+them is a decision token (``algos/demonstrations.py`` weights its NLL).
 """
 
 from __future__ import annotations
@@ -33,14 +43,22 @@ class TeacherPolicy:
     """Writes one segment per turn for questions that carry ``extra["hops"]``."""
 
     def __init__(
-        self, protocol: Protocol, state_plan: bool = False, early_answer: float = 0.0, seed: int = 0
+        self,
+        protocol: Protocol,
+        state_plan: bool = False,
+        early_answer: float = 0.0,
+        seed: int = 0,
+        lazy_plan: bool = False,
     ) -> None:
         if not 0.0 <= early_answer <= 1.0:
             raise ValueError(f"early_answer must be in [0, 1], got {early_answer}")
+        if lazy_plan and not state_plan:
+            raise ValueError("lazy_plan changes the stated plan: it needs state_plan=True")
         self.protocol = protocol
         self.state_plan = state_plan
         self.early_answer = early_answer
         self.seed = seed
+        self.lazy_plan = lazy_plan
 
     def answers_early(self, record: QARecord) -> bool:
         """Whether this teacher stops after the first hop of ``record`` (multi-hop questions only)."""
@@ -58,16 +76,44 @@ class TeacherPolicy:
         if turn < len(hops):
             query = hops[turn]["query"]
             if turn == 0:
-                thought = f"I need to search for {query}{self._rest_of_plan(hops)}."
-            else:
-                thought = f"The results say {hops[turn - 1]['answer']}. Next I need {query}."
-            return self.protocol.render_search(query, thought=thought)
+                rest = ", then answer" if early and self.lazy_plan else self._rest_of_plan(hops)
+                return self._plan(query, rest)
+            return self._search_next(hops[turn - 1]["answer"], query)
         answer = hops[0]["answer"] if early else record.golden_answers[0]
         last_found = hops[-1]["answer"] if hops else answer
         evidence = self._evidence(hops, retrieved_blocks) if hops else None
         return self.protocol.render_answer(
             answer, thought=f"The results say {last_found}.", evidence=evidence
         )
+
+    def alternatives(self, record: QARecord, turn: int) -> list[str]:
+        """The other texts this teacher writes at turn ``turn`` for a question that needs a different number
+        of hops. With ``state_plan`` the decision is the plan's (turn 0: the plans of one hop, of more hops
+        and, with ``lazy_plan``, of one hop then an answer) and later turns carry it out; without, it is
+        made after each search (the answer where it searches again, a search where it answers). Where an
+        alternative needs a query or relation this question does not have, a placeholder stands in: only
+        the first token where two texts differ (the decision) is meant to be read."""
+        hops = hops_of(record)[:1] if self.answers_early(record) else hops_of(record)
+        if self.state_plan:
+            if turn != 0 or not hops:
+                return []
+            query = hops[0]["query"]
+            rests = ["", self._rest_of_plan(hops) or ", then its next relation"]
+            rests += [", then answer"] if self.lazy_plan else []
+            actual = self.segment(record, 0, [])
+            return [text for text in dict.fromkeys(self._plan(query, r) for r in rests) if text != actual]
+        if turn == 0 or turn > len(hops):
+            return []  # the first search is the same for every question; nothing follows the answer
+        found = hops[turn - 1]["answer"]
+        if turn < len(hops):  # it searches again; the alternative answers with what it found
+            return [self.protocol.render_answer(found, thought=f"The results say {found}.")]
+        return [self._search_next(found, f"{found} next")]  # it answers; the alternative searches again
+
+    def _plan(self, query: str, rest: str) -> str:
+        return self.protocol.render_search(query, thought=f"I need to search for {query}{rest}.")
+
+    def _search_next(self, found: str, query: str) -> str:
+        return self.protocol.render_search(query, thought=f"The results say {found}. Next I need {query}.")
 
     def _rest_of_plan(self, hops: Sequence[dict[str, str]]) -> str:
         """The ", then its <relation>" for each later hop when stating the plan (the relation is the hop's
