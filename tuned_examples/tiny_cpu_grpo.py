@@ -47,7 +47,16 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    searches and left 2-hop at 0 (1-hop 0.80 -> 0.72). Minimal pairs (48 2-hop questions each beside the
    1-hop question of its first hop, the hesitant teacher at 0.3 keeping the full plan, 12 SFT steps)
    planned two hops everywhere (searches 2.00 / 1.90, EM 0.02 / 0.62), and 6 mixed GRPO iterations traded
-   back (1-hop 0.46, 2-hop 0.14). The defaults keep the run that does not trade 1-hop for 2-hop.)
+   back (1-hop 0.46, 2-hop 0.14). The lazy plan (``--lazy-plan``: the hesitant teacher writes ", then
+   answer." where it stops early, so only 2-hop plans reach the " its" / " answer" fork), all with
+   ``--state-plan --early-answer 0.6``, 40 + 80 demonstrations, 12 SFT steps, GRPO group 8, 2 prompts, lr
+   2e-5, 6 iterations on mixed questions, 50 held-out per hop: plain NLL: warm start 1-hop 0.92, 2-hop 0,
+   and no sampled 2-hop episode searched twice (the " its" token stays at the base model's prior), RL gain
+   0 / 0; ``--decision-weight 20`` on the plan's decision tokens: warm start 1-hop 0.74, 2-hop 0, sampled
+   first turns wrote ", then answer" on 1-hop questions too and 2-hop episodes still searched once, RL
+   gain -0.12 [-0.22, -0.04] / 0; with the weight also on the turns after each search: warm start 1-hop
+   0.58, and RL collapsed to answering without searching (1-hop 0.02). The defaults keep the run that does
+   not trade 1-hop for 2-hop.)
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
