@@ -9,7 +9,8 @@ Log-probs are NaN (no sampler scored them); SFT does not use them.
 
 ``decision_weight`` up-weights the NLL of decision tokens: the first token where a demonstration's turn
 departs from another turn the teacher writes for a question needing a different number of hops
-(``TeacherPolicy.alternatives``: "." or ", then" at the plan, " Next" or "</think>" after a search). A
+(``TeacherPolicy.alternatives``: "." or ", then" at a stated plan, " Next" or "</think>" after a search
+where no plan was stated). A
 turn has a few hundred tokens of which one or two say whether to search again; under a plain mean NLL the
 model learns those from the base rate of the demonstrations rather than from the question. Measured with
 SmolLM2-135M, 12 steps, scoring the plan's "," against "." in the teacher's own words on 30 held-out
