@@ -113,7 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=1.0,
         help="SFT weight of decision tokens (where the teacher's turn would differ for a question needing "
-        "another number of hops: '.' or ',' at the plan, ' Next' or '</think>' after a search); 1: plain NLL",
+        "another number of hops: with --state-plan at the plan only ('.' or ',', ' its' or ' answer'), "
+        "else after each search (' Next' or '</think>')); 1: plain NLL",
     )
     p.add_argument("--sft-steps", type=int, default=8)
     p.add_argument("--sft-batch", type=int, default=8)
