@@ -20,7 +20,7 @@ PASSAGES = [Passage("1", "Velmora", "Velmora is a city."), Passage("2", "Draveni
 
 
 def test_builtin_protocols_by_name():
-    assert {"search_r1", "r1_searcher", "r_search"} <= set(protocol_names())
+    assert {"search_r1", "search_r1_compact", "r1_searcher", "r_search"} <= set(protocol_names())
     assert get_protocol("search_r1") is SEARCH_R1
     with pytest.raises(ValueError, match="unknown protocol"):
         get_protocol("nope")

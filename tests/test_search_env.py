@@ -101,6 +101,31 @@ def test_chat_template_prompt(smollm2_tokenizer, retriever):
     assert info["prompt_length"] == len(prompt)
 
 
+def test_compact_search_r1_has_search_r1s_episode_with_a_shorter_prompt(smollm2_tokenizer, retriever):
+    """search_r1_compact: the same generated and observed ids as search_r1, its instruction as the system
+    message (replacing SmolLM2's default one) and under half the prompt tokens."""
+    segments = [
+        "<think> look </think>\n<search> Tarquin Oskaley </search>",
+        "<think> found </think>\n<answer> Velmora </answer>",
+    ]
+    episodes = {}
+    for name in ("search_r1", "search_r1_compact"):
+        env = MultiTurnSearchEnv(smollm2_tokenizer, retriever, RECORDS, {"protocol": name})
+        emitted, result = run_episode(env, smollm2_tokenizer, segments)
+        assert_token_exact(env, emitted)
+        episodes[name] = (emitted, result[1], result[4]["format_valid"])
+    (full, full_reward, full_format), (compact, compact_reward, compact_format) = episodes.values()
+    assert compact[1:] == full[1:]  # everything after the prompt
+    assert (compact_reward, compact_format) == (full_reward, full_format) == (1.0, True)
+    text = smollm2_tokenizer.decode(compact[0][1])
+    assert text.startswith("<|im_start|>system\nAnswer the question. Think inside <think> </think>")
+    assert "SmolLM" not in text and "Question:" not in text
+    assert text.endswith(
+        "<|im_start|>user\nWhere was Tarquin Oskaley born?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert len(compact[0][1]) < len(full[0][1]) / 2
+
+
 def test_smollm2_episode_token_exact_with_eos(smollm2_tokenizer, retriever):
     env = MultiTurnSearchEnv(smollm2_tokenizer, retriever, RECORDS)
     prompt, _ = env.reset(options={"index": 0})

@@ -82,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, hub name or local path")
     p.add_argument("--out", default="runs/tiny_cpu_grpo", help="output directory")
+    p.add_argument(
+        "--protocol",
+        default="search_r1",
+        help="tag protocol: search_r1 (the paper's instruction) or search_r1_compact (the same tags with a "
+        "short system instruction: prompts of 76 tokens instead of 164) or a registered one",
+    )
     p.add_argument("--world-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--demonstrations", type=int, default=120, help="1-hop teacher trajectories for SFT")
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     say("retriever: BM25 over the world's passages, served by Ray Serve")
 
     env_settings: dict[str, Any] = {
-        "protocol": "search_r1",
+        "protocol": args.protocol,
         "max_turns": 3,  # enough for 2 hops and the answer
         "topk": 2,
         "max_obs_tokens": 100,

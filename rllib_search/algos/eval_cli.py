@@ -71,7 +71,9 @@ def add_eval_command(sub: Any) -> None:
         "episodes (default: the checkpoint's, else Search-R1's: topk 3, 500 tokens a turn and an "
         "observation, max_turns 5 = Search-R1's 4 search rounds + the answer turn)"
     )
-    episode.add_argument("--protocol", help="search_r1 | r1_searcher | r_search | a registered one")
+    episode.add_argument(
+        "--protocol", help="search_r1 | search_r1_compact | r1_searcher | r_search | a registered one"
+    )
     episode.add_argument("--max-turns", type=int, help="model turns (Search-R1's max_turns + 1)")
     episode.add_argument("--topk", type=int, help="passages per search")
     episode.add_argument("--max-turn-tokens", type=int, help="new tokens per turn")
