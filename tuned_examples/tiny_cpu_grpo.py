@@ -13,50 +13,17 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
 3. **Warm start** (:class:`SearchSFTConfig`): masked SFT on teacher trajectories (mostly 1-hop questions,
    a few 2-hop). Zero-shot SmolLM2 never follows the protocol, so RL alone gets no signal.
 4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on training questions that were never
-   demonstrated; a line per iteration (reward, EM, searches, tokens/s). What RL has to learn here that the
-   warm start did not teach: the world puts a confusable twin's passage beside the right one ("The
-   Gallozane Engines" beside "The Setikaley Engines"), and the warm-started model answers with the wrong
-   passage's entity, or copies its query, on about a quarter of 1-hop questions. The teacher never made
-   that mistake, so SFT never saw it punished; the EM reward does. (Measured: with 1-hop demonstrations,
-   the warm-started model searches exactly once on 2-hop questions and never reaches their answers, so RL
-   on 2-hop questions alone gets no reward signal in a CPU-sized budget; ``--rl-two-hop N`` adds N of
-   them, ``--rl-one-hop`` sets the 1-hop count, ``--rl-top-layers`` trains only the top blocks;
-   ``--state-plan`` has the teacher name every hop in its first thought, which lets the warm-started model
-   search again more on 2-hop than on 1-hop questions: measured 1.70 vs 1.04 searches per episode.
-   ``--early-answer 0.4`` makes the teacher hesitant: it answers 40% of its 2-hop demonstrations after the
-   first hop, so the warm start knows how to chain searches but rarely does (greedy 2-hop EM 0, one search
-   in ten sampled episodes). Measured with 40 1-hop + 80 2-hop demonstrations, 12 SFT steps, GRPO with
-   group 8, 2 prompts, lr 2e-5, 50 held-out questions per hop: RL lifts 2-hop EM from 0 to 0.50-0.62 in 3-6
-   iterations (paired gain interval [0.36, 0.64] and [0.48, 0.76]), the second search learned by RL, but
-   the warm start does not tell 1-hop from 2-hop questions at that point, so RL makes it search twice
-   everywhere and 1-hop EM falls from 0.94 to 0.10-0.18; at lr 1e-5 it swung to searching twice (iteration
-   4: 1-hop 0.40, 2-hop 0.48) and back to once (iteration 8: 0.92, 0); unscaled advantages
-   (``--no-scale-by-std``) at lr 3e-5 broke both. Continued at lr 2e-5, RL slowly teaches the model to
-   answer 1-hop questions right after an unneeded second search (1-hop 0.10 at iteration 3, 0.32 at 12,
-   2-hop ~0.6 throughout), too slowly for this budget. Balanced GRPO batches (``rollouts(balance_by=
-   "num_hops")``, one prompt of each kind per iteration) at lr 1e-5 cancel: no lift at all. Warm starts
-   that read the question better (the hesitant teacher keeping the full plan; 4x more questions as
-   first-turn-only demonstrations; a first thought that names the asked-for relation so the fork compares
-   two words in view) reached at most 0.94 vs 1.17 sampled searches per 1-hop / 2-hop episode, and GRPO
-   from them found too few 2-hop successes to lift. RL on 2-hop questions only (``--rl-one-hop 0``) with
-   PPO-ptx on the 1-hop demonstrations (``--ptx-coeff 1.0``) to hold 1-hop, from ``--early-answer 0.3``
-   (warm start: 1.62 / 1.58 searches, EM 0.42 / 0.38): the ptx term's "answer after one search" won on
-   both kinds, one search and reward 0 from iteration 4. The planning teacher without hesitation but
-   with 8 SFT steps (40 1-hop + 80 2-hop demonstrations) never writes the plan's second clause: greedy
-   searches 1.00 / 0.98, 2-hop EM 0, and 6 GRPO iterations (group 8, 2 prompts, mixed) sampled 1.0-1.2
-   searches and left 2-hop at 0 (1-hop 0.80 -> 0.72). Minimal pairs (48 2-hop questions each beside the
-   1-hop question of its first hop, the hesitant teacher at 0.3 keeping the full plan, 12 SFT steps)
-   planned two hops everywhere (searches 2.00 / 1.90, EM 0.02 / 0.62), and 6 mixed GRPO iterations traded
-   back (1-hop 0.46, 2-hop 0.14). The lazy plan (``--lazy-plan``: the hesitant teacher writes ", then
-   answer." where it stops early, so only 2-hop plans reach the " its" / " answer" fork), all with
-   ``--state-plan --early-answer 0.6``, 40 + 80 demonstrations, 12 SFT steps, GRPO group 8, 2 prompts, lr
-   2e-5, 6 iterations on mixed questions, 50 held-out per hop: plain NLL: warm start 1-hop 0.92, 2-hop 0,
-   and no sampled 2-hop episode searched twice (the " its" token stays at the base model's prior), RL gain
-   0 / 0; ``--decision-weight 20`` on the plan's decision tokens: warm start 1-hop 0.74, 2-hop 0, sampled
-   first turns wrote ", then answer" on 1-hop questions too and 2-hop episodes still searched once, RL
-   gain -0.12 [-0.22, -0.04] / 0; with the weight also on the turns after each search: warm start 1-hop
-   0.58, and RL collapsed to answering without searching (1-hop 0.02). The defaults keep the run that does
-   not trade 1-hop for 2-hop.)
+   demonstrated; a line per iteration (reward, EM, searches, tokens/s). What RL teaches by default: the
+   world puts a confusable twin's passage beside the right one ("The Gallozane Engines" beside "The
+   Setikaley Engines"), and the warm-started model answers with the wrong passage's entity, or copies its
+   query, on about a quarter of 1-hop questions; the teacher never made that mistake, so SFT never saw it
+   punished; the EM reward does. The default warm start searches exactly once on 2-hop questions, so RL gets
+   no 2-hop signal. The knobs for a warm start that leaves the second search to RL (``--state-plan``,
+   ``--early-answer``, ``--lazy-plan``, ``--decision-weight``, ``--rl-two-hop`` / ``--rl-one-hop``,
+   ``--ptx-coeff``, ``--protocol search_r1_compact``) and what each recipe measured are in
+   ``docs/main_job.md``: RL lifts 2-hop EM by 0.2-0.6 with paired intervals above 0, but so far always by
+   searching twice on 1-hop questions as well, which costs 1-hop EM more than it gains; the defaults keep the
+   run that does not trade 1-hop for 2-hop.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
