@@ -371,6 +371,11 @@ def test_config_validation(model_dir, world, corpus):
         make_config(SearchGRPOConfig, model_dir, world, corpus, deepspeed=zero3).validate()
     with pytest.raises(ValueError, match="needs a directory"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).checkpointing(every_n_iterations=5).validate()
+    with pytest.raises(ValueError, match="trained_turns must be"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus, trained_turns=0).validate()
+    with pytest.raises(ValueError, match="use one or the other"):
+        no_mask = {"trained_turns": 1, "mask_retrieved_tokens": False}
+        make_config(SearchGRPOConfig, model_dir, world, corpus, **no_mask).validate()
     with pytest.raises(ValueError, match="sample_retries"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(sample_retries=-1).validate()
     config = make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(
@@ -509,3 +514,69 @@ def test_ptx_demonstrations_train_by_their_nll_only(ray_cluster, model_dir, worl
     algo.stop()
     with pytest.raises(ValueError, match="needs demonstrations"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).ptx(coeff=0.5).validate()
+
+
+def test_trained_turns_credits_the_first_turns_only(model_dir, world, corpus, demonstrations):
+    """With trained_turns=1 each episode enters the batch cut after its first turn (the plan and first
+    query), its loss mask there the whole episode's, advantages unchanged; PPO-ptx demonstrations keep every
+    turn; an episode of at most trained_turns turns is kept whole."""
+    episodes, demos = demonstrations[:2], demonstrations[2:4]
+    assert all(len(r.turn_spans) >= 2 for r in episodes), "the test needs episodes of several turns"
+    every = make_config(SearchGRPOConfig, model_dir, world, corpus)
+    first = make_config(SearchGRPOConfig, model_dir, world, corpus, trained_turns=1)
+    full = train_batch(episodes, every, 0, demonstrations=demos).policy_batches["default_policy"]
+    kept = train_batch(episodes, first, 0, demonstrations=demos).policy_batches["default_policy"]
+    np.testing.assert_array_equal(kept["episode_advantages"], full["episode_advantages"])
+    for row, episode in enumerate(episodes):
+        end = episode.turn_spans[0][1]
+        np.testing.assert_array_equal(kept["input_ids"][row, :end], full["input_ids"][row, :end])
+        assert kept["attention_mask"][row].sum() == end  # nothing after the first turn
+        np.testing.assert_array_equal(kept["loss_mask"][row, : end - 1], full["loss_mask"][row, : end - 1])
+        assert kept["loss_mask"][row, end - 1 :].sum() == 0
+        assert full["loss_mask"][row].sum() > kept["loss_mask"][row].sum() > 0
+    for row in (2, 3):  # the demonstrations, whole
+        width = int(full["attention_mask"][row].sum())
+        np.testing.assert_array_equal(kept["input_ids"][row, :width], full["input_ids"][row, :width])
+        np.testing.assert_array_equal(
+            kept["loss_mask"][row], full["loss_mask"][row, : kept["loss_mask"].shape[1]]
+        )
+        assert kept["loss_mask"][row].sum() == full["loss_mask"][row].sum()
+    every_turn = make_config(
+        SearchGRPOConfig, model_dir, world, corpus, trained_turns=len(episodes[0].turn_spans)
+    )
+    whole = train_batch(episodes[:1], every_turn, 0).policy_batches["default_policy"]
+    np.testing.assert_array_equal(whole["loss_mask"][0], full["loss_mask"][0, : whole["loss_mask"].shape[1]])
+    assert whole["loss_mask"][0].sum() == full["loss_mask"][0].sum()
+
+
+def test_trained_turns_loss_equals_the_whole_episodes_loss_masked_after_the_first_turn(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    """Cutting the episodes after the credited turns changes nothing the loss sees: the same loss and
+    statistics as the whole episodes with their later turns masked out."""
+    episodes = demonstrations[:3]
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, kl_coeff=0.01, trained_turns=1)
+    algo = config.build_algo()
+    learner = learner_of(algo)
+    module = learner.module["default_policy"].unwrapped()
+    cut = with_advantages(episodes, [1.0, -0.5, 0.25], algo.config)
+    whole = with_advantages(
+        episodes, [1.0, -0.5, 0.25], make_config(SearchGRPOConfig, model_dir, world, corpus)
+    )
+    masked = whole.policy_batches["default_policy"]["loss_mask"]
+    for row, episode in enumerate(episodes):
+        masked[row, episode.turn_spans[0][1] - 1 :] = 0
+
+    def loss_of(batch):
+        prepared = learner.prepare_batch(batch).policy_batches["default_policy"]
+        columns = {k: torch.as_tensor(np.asarray(v)) for k, v in prepared.items()}
+        with torch.no_grad():
+            loss, stats = learner.masked_loss(columns, module.forward_train(columns))
+        return float(loss), {k: float(v) for k, v in stats.items()}
+
+    (cut_loss, cut_stats), (whole_loss, whole_stats) = loss_of(cut), loss_of(whole)
+    assert cut_stats["kl"] > 0 or cut_stats["policy_loss"] != 0
+    assert cut_loss == pytest.approx(whole_loss, rel=1e-4, abs=1e-6)
+    for key, value in whole_stats.items():
+        assert cut_stats[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    algo.stop()

@@ -170,6 +170,48 @@ def test_a_lazy_plan_says_where_it_stops_and_decision_tokens_are_where_plans_par
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, lazy_plan=True)
 
 
+def test_an_echoed_plan_is_restated_after_each_search_and_its_copies_are_decisions(
+    smollm2_tokenizer, world, world_retriever
+):
+    """With echo_plan every plan ends with ", then answer" and each thought after a search restates the plan's
+    next clause, so what the teacher does after a search is the plan's word after "then": " its" and another
+    search, or " answer" and the answer. Those words are its decision tokens, at the plan and at each echo."""
+    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
+    multi = [r for r in world.train if len(hops_of(r)) == 2][:12]
+    single = [r for r in world.train if len(hops_of(r)) == 1][:4]
+    demos = teacher_rollouts(
+        smollm2_tokenizer,
+        world_retriever,
+        multi + single,
+        config,
+        state_plan=True,
+        early_answer=0.5,
+        echo_plan=True,
+        decision_weight=5.0,
+    )
+    kinds = set()
+    for demo, record in zip(demos, multi + single):
+        hops = hops_of(record)
+        ids = demo.token_ids.tolist()
+        turns = [smollm2_tokenizer.decode(ids[slice(*span)]) for span in demo.turn_spans]
+        chosen = [smollm2_tokenizer.decode(ids[p : p + 1]) for p in np.flatnonzero(demo.nll_weights == 5.0)]
+        if demo.stats["searches"] == 1:  # one hop, or a two-hop question answered early
+            kinds.add("one search")
+            assert f"for {hops[0]['query']}, then answer." in turns[0]
+            assert f"The results say {hops[0]['answer']}, then answer." in turns[1]
+            assert chosen == [" answer", " answer"] and demo.answer == hops[0]["answer"]
+        else:
+            kinds.add("two searches")
+            relation = hops[1]["query"][len(hops[0]["answer"]) :].strip()
+            assert f"for {hops[0]['query']}, then its {relation}, then answer." in turns[0]
+            assert f"The results say {hops[0]['answer']}, then its {relation}. Next I need" in turns[1]
+            assert f"The results say {hops[1]['answer']}, then answer." in turns[2]
+            assert chosen == [" its", " its", " answer"] and demo.answer == record.golden_answers[0]
+    assert kinds == {"one search", "two searches"}
+    with pytest.raises(ValueError, match="state_plan"):
+        TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, echo_plan=True)
+
+
 def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):
     """No stated plan: the first search is the same for every question, and after each search the decision
     is the turn's first token past "The results say <found>." (" Next" when it searches again)."""

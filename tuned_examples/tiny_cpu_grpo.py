@@ -19,11 +19,11 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    query, on about a quarter of 1-hop questions; the teacher never made that mistake, so SFT never saw it
    punished; the EM reward does. The default warm start searches exactly once on 2-hop questions, so RL gets
    no 2-hop signal. The knobs for a warm start that leaves the second search to RL (``--state-plan``,
-   ``--early-answer``, ``--lazy-plan``, ``--decision-weight``, ``--rl-two-hop`` / ``--rl-one-hop``,
-   ``--ptx-coeff``, ``--protocol search_r1_compact``) and what each recipe measured are in
-   ``docs/main_job.md``: RL lifts 2-hop EM by 0.2-0.6 with paired intervals above 0, but so far always by
-   searching twice on 1-hop questions as well, which costs 1-hop EM more than it gains; the defaults keep the
-   run that does not trade 1-hop for 2-hop.
+   ``--early-answer``, ``--lazy-plan``, ``--echo-plan``, ``--decision-weight``, ``--rl-two-hop`` /
+   ``--rl-one-hop``, ``--rl-trained-turns``, ``--ptx-coeff``, ``--protocol search_r1_compact``) and what
+   each recipe measured are in ``docs/main_job.md``: RL lifts 2-hop EM by 0.2-0.6 with paired intervals
+   above 0, but so far always by searching twice on 1-hop questions as well, which costs 1-hop EM more than
+   it gains; the defaults keep the run that does not trade 1-hop for 2-hop.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
@@ -82,6 +82,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the first hop (', then answer.'), so only the second clause of a 2-hop plan hesitates",
     )
     p.add_argument(
+        "--echo-plan",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --state-plan: every plan ends with ', then answer' and each thought after a search "
+        "restates the plan's next clause ('The results say X, then its country.'), so the choice to search "
+        "again copies the plan",
+    )
+    p.add_argument(
         "--decision-weight",
         type=float,
         default=1.0,
@@ -97,6 +105,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rl-two-hop", type=int, default=0, help="2-hop questions in the RL set")
     p.add_argument("--rl-one-hop", type=int, default=400, help="1-hop questions in the RL set")
     p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
+    p.add_argument(
+        "--rl-trained-turns",
+        type=int,
+        help="GRPO credits only the first N turns of each episode (1: the plan and the first query; later "
+        "turns stay as the warm start wrote them); default: every turn",
+    )
     p.add_argument("--minibatch", type=int, default=8, help="episodes per optimizer step (GRPO)")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--rl-lr", type=float, default=3e-5)
@@ -225,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         lazy_plan=args.lazy_plan,
         decision_weight=args.decision_weight,
+        echo_plan=args.echo_plan,
     )
     say(
         f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
@@ -256,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             micro_batch_size=args.micro_batch,
             minibatch_size=args.minibatch,
             scale_by_std=args.scale_by_std,
+            trained_turns=args.rl_trained_turns,
         )
     )
     if args.ptx_coeff > 0:

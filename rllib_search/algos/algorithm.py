@@ -56,7 +56,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_search.algos import dashboard_metrics
 from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
-from rllib_search.algos.batching import pad_rollouts
+from rllib_search.algos.batching import keep_first_turns, pad_rollouts
 from rllib_search.algos.checkpoint_check import check_checkpoint
 from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
 from rllib_search.algos.reward_schedule import RewardSchedule
@@ -124,6 +124,14 @@ def held_out_answers(records: list[Any], rollouts: list[Rollout]) -> str:
     )
 
 
+def credited_rollouts(rollouts: list[Rollout], config: Any) -> list[Rollout]:
+    """The episodes as the loss sees them: with ``config.trained_turns``, each loss mask keeps only its
+    first turns."""
+    if config.trained_turns is None:
+        return rollouts
+    return [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
+
+
 def train_batch(
     rollouts: list[Rollout],
     config: Any,
@@ -132,8 +140,10 @@ def train_batch(
 ) -> MultiAgentBatch:
     """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode).
     ``demonstrations`` (PPO-ptx, ``config.ptx``) follow the episodes as rows with no advantage and a
-    ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead."""
+    ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead. With
+    ``config.trained_turns`` the episodes' loss masks keep only their first turns."""
     demonstrations = demonstrations or []
+    rollouts = credited_rollouts(rollouts, config)
     rows = rollouts + demonstrations
     columns = {k: v.numpy() for k, v in pad_rollouts(rows, pad_token_id).items()}
     advantages = episode_advantages(rollouts, config) if rollouts else np.zeros(0)
@@ -188,7 +198,8 @@ class SearchAlgorithm(Algorithm):
             seconds = time.perf_counter() - started
         self.metrics.aggregate(results, key=LEARNER_RESULTS)
         self.log_batch_weights_lag(rollouts)
-        trained = sum(int(r.loss_mask.sum()) for r in rollouts) * self.config.num_epochs
+        credited = credited_rollouts(rollouts, self.config)
+        trained = sum(int(r.loss_mask.sum()) for r in credited) * self.config.num_epochs
         self.metrics.log_value(
             (LEARNER_RESULTS, "trained_tokens_per_s"), trained / max(seconds, 1e-9), window=1
         )

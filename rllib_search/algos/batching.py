@@ -8,6 +8,7 @@ compare with it (the loss mask, the sampler's log-probs, advantages) is shifted 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,25 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     if weighted:
         columns["nll_weights"] = torch.from_numpy(nll_weights[:, 1:])
     return columns
+
+
+def keep_first_turns(rollout: Rollout, turns: int) -> Rollout:
+    """``rollout`` cut after its first ``turns`` generated turns: what a loss crediting only those turns
+    needs. A causal model's log-probs (and values) of the kept tokens do not depend on the tokens after
+    them, so the loss is the one of the whole sequence with the later turns masked out, and the learner's
+    forward and backward passes are shorter. Reward, advantages' inputs and stats are unchanged."""
+    if len(rollout.turn_spans) <= turns:
+        return rollout
+    end = rollout.turn_spans[turns - 1][1]
+    weights = None if rollout.nll_weights is None else rollout.nll_weights[:end]
+    return replace(
+        rollout,
+        token_ids=rollout.token_ids[:end],
+        loss_mask=rollout.loss_mask[:end],
+        logprobs=rollout.logprobs[:end],
+        turn_spans=rollout.turn_spans[:turns],
+        nll_weights=weights,
+    )
 
 
 def broadcast_to_tokens(per_episode: Sequence[float], loss_mask: np.ndarray) -> np.ndarray:

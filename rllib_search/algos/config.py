@@ -67,6 +67,8 @@ class SearchConfig(AlgorithmConfig):
         self.whiten_advantages = True
         self.loss_aggregation = "sequence"
         self.mask_retrieved_tokens = True
+        # Credit only the first N assistant turns of each episode (None: every turn); see training().
+        self.trained_turns: int | None = None
         self.old_logprobs = "sampler"
         self.micro_batch_size = 4
         self.deepspeed: dict[str, Any] | None = None
@@ -257,6 +259,7 @@ class SearchConfig(AlgorithmConfig):
         whiten_advantages: bool | Any = NotProvided,
         loss_aggregation: str | Any = NotProvided,
         mask_retrieved_tokens: bool | Any = NotProvided,
+        trained_turns: int | Any | None = NotProvided,
         old_logprobs: str | Any = NotProvided,
         micro_batch_size: int | Any = NotProvided,
         deepspeed: dict[str, Any] | Any | None = NotProvided,
@@ -276,6 +279,10 @@ class SearchConfig(AlgorithmConfig):
         - ``scale_by_std`` (GRPO), ``whiten_advantages`` (GAE), ``loss_aggregation`` (``sequence`` |
           ``token``), ``mask_retrieved_tokens`` (False only for Search-R1's ablation), ``old_logprobs``
           (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the learner, as verl);
+        - ``trained_turns``: the RL loss covers only the first N assistant turns of each episode (the
+          episode's reward still judges the whole episode), e.g. 1 to let RL change the plan and the first
+          query while later turns stay as the warm start wrote them; the learner then trains on the
+          episodes cut after those turns (None: every turn); demonstrations (PPO-ptx) keep every turn;
         - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch;
         - ``deepspeed``: None (DDP across learners) or a DeepSpeed config dict, e.g.
           ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned;
@@ -360,6 +367,14 @@ class SearchConfig(AlgorithmConfig):
                 raise ValueError("ptx(coeff>0) needs demonstrations: config.ptx(demonstrations=[...])")
             if self.ptx_batch_size < 1:
                 raise ValueError(f"ptx batch_size must be at least 1, got {self.ptx_batch_size}")
+        if self.trained_turns is not None:
+            if int(self.trained_turns) < 1:
+                raise ValueError(f"trained_turns must be None or at least 1, got {self.trained_turns}")
+            if not self.mask_retrieved_tokens:
+                raise ValueError(
+                    "trained_turns selects generated turns; with mask_retrieved_tokens=False (Search-R1's "
+                    "no-mask ablation) the loss covers retrieved tokens too: use one or the other"
+                )
         if not (0 <= self.gamma <= 1 and 0 <= self.lambda_ <= 1):
             raise ValueError("gamma and lambda_ must be in [0, 1]")
         if int(self.micro_batch_size) < 1:

@@ -47,13 +47,17 @@ def teacher_rollouts(
     seed: int = 0,
     lazy_plan: bool = False,
     decision_weight: float = 1.0,
+    echo_plan: bool = False,
 ) -> list[Rollout]:
     """One teacher episode per record (in order), as Rollouts with group id ``demo:<uid>``;
     ``state_plan``: the teacher's first thought names every hop; ``early_answer``: the fraction of
     multi-hop questions it answers after the first hop (chosen by uid and ``seed``); ``lazy_plan``: its plan
-    says so (see ``TeacherPolicy``); ``decision_weight``: the NLL weight of decision tokens (1: plain)."""
+    says so and ``echo_plan``: each thought after an observation restates the plan's next clause (see
+    ``TeacherPolicy``); ``decision_weight``: the NLL weight of decision tokens (1: plain)."""
     protocol = MultiTurnSearchEnv(tokenizer, None, None, env_config).protocol
-    teacher = TeacherPolicy(protocol, state_plan, early_answer, seed, lazy_plan=lazy_plan)
+    teacher = TeacherPolicy(
+        protocol, state_plan, early_answer, seed, lazy_plan=lazy_plan, echo_plan=echo_plan
+    )
     policy = ScriptedPolicy("teacher", protocol, tokenizer, seed=seed, teacher=teacher)
     rollouts: list[Rollout] = []
     for offset in range(0, len(records), batch_size):

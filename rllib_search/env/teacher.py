@@ -25,6 +25,14 @@ the first fork), while the second (" its" next hop or " answer") is where the te
 plans of multi-hop questions reach it. (Measured in the main job, SmolLM2-135M does not yet learn this
 split in 12 SFT steps: ``tuned_examples/tiny_cpu_grpo.py``.)
 
+With ``echo_plan`` (with ``state_plan``) every plan ends its clauses with ", then answer" (one hop: "I need to
+search for X founder, then answer."), and each thought after an observation restates the plan's next clause
+("The results say Taros, then its country. Next I need Taros country." or "The results say Taros, then
+answer."). The choice to search again is then a copy of the plan's word after "then" rather than a guess
+from the passages. Why: in the main job, RL that credited only the plan (on a lazy-plan warm start) made
+18 of 19 held-out two-hop plans say "then its ...", and 18 of those episodes still searched once: without
+the echo, what the model does after a search does not follow its plan.
+
 ``alternatives`` gives, for each turn, the other turns this teacher writes at that point for questions that
 need a different number of further hops; the first token where a demonstration's turn departs from one of
 them is a decision token (``algos/demonstrations.py`` weights its NLL).
@@ -50,16 +58,20 @@ class TeacherPolicy:
         early_answer: float = 0.0,
         seed: int = 0,
         lazy_plan: bool = False,
+        echo_plan: bool = False,
     ) -> None:
         if not 0.0 <= early_answer <= 1.0:
             raise ValueError(f"early_answer must be in [0, 1], got {early_answer}")
         if lazy_plan and not state_plan:
             raise ValueError("lazy_plan changes the stated plan: it needs state_plan=True")
+        if echo_plan and not state_plan:
+            raise ValueError("echo_plan restates the stated plan: it needs state_plan=True")
         self.protocol = protocol
         self.state_plan = state_plan
         self.early_answer = early_answer
         self.seed = seed
         self.lazy_plan = lazy_plan
+        self.echo_plan = echo_plan
 
     def answers_early(self, record: QARecord) -> bool:
         """Whether this teacher stops after the first hop of ``record`` (multi-hop questions only)."""
@@ -74,17 +86,22 @@ class TeacherPolicy:
         early = self.answers_early(record)
         if early:
             hops = hops[:1]
+        clauses = self._echoed_clauses(hops)
         if turn < len(hops):
             query = hops[turn]["query"]
             if turn == 0:
+                if self.echo_plan:
+                    return self._plan(query, "".join(clauses))
                 rest = ", then answer" if early and self.lazy_plan else self._rest_of_plan(hops)
                 return self._plan(query, rest)
-            return self._search_next(hops[turn - 1]["answer"], query)
+            echo = clauses[turn - 1] if self.echo_plan else ""
+            return self._search_next(hops[turn - 1]["answer"], query, echo)
         answer = hops[0]["answer"] if early else record.golden_answers[0]
         last_found = hops[-1]["answer"] if hops else answer
         evidence = self._evidence(hops, retrieved_blocks) if hops else None
+        echo = clauses[-1] if self.echo_plan and hops else ""
         return self.protocol.render_answer(
-            answer, thought=f"The results say {last_found}.", evidence=evidence
+            answer, thought=f"The results say {last_found}{echo}.", evidence=evidence
         )
 
     def alternatives(self, record: QARecord, turn: int) -> list[str]:
@@ -95,6 +112,8 @@ class TeacherPolicy:
         alternative needs a query or relation this question does not have, a placeholder stands in: only
         the first token where two texts differ (the decision) is meant to be read."""
         hops = hops_of(record)[:1] if self.answers_early(record) else hops_of(record)
+        if self.echo_plan:
+            return self._echo_alternatives(record, turn, hops)
         if self.state_plan:
             if turn != 0 or not hops:
                 return []
@@ -110,11 +129,36 @@ class TeacherPolicy:
             return [self.protocol.render_answer(found, thought=f"The results say {found}.")]
         return [self._search_next(found, f"{found} next")]  # it answers; the alternative searches again
 
+    def _echo_alternatives(self, record: QARecord, turn: int, hops: Sequence[dict[str, str]]) -> list[str]:
+        """With ``echo_plan``: at the plan, the plan of one hop or of more (" answer" vs " its"); after each
+        observation, the echo of the other clause (the answer where it searches again, another search where
+        it answers)."""
+        if not hops or turn > len(hops):
+            return []
+        if turn == 0:
+            query = hops[0]["query"]
+            more = self._rest_of_plan(hops) or ", then its next relation"
+            plans = [self._plan(query, ", then answer"), self._plan(query, more + ", then answer")]
+            actual = self.segment(record, 0, [])
+            return [text for text in dict.fromkeys(plans) if text != actual]
+        found = hops[turn - 1]["answer"]
+        if turn < len(hops):
+            return [self.protocol.render_answer(found, thought=f"The results say {found}, then answer.")]
+        return [self._search_next(found, f"{found} next", ", then its next relation")]
+
+    def _echoed_clauses(self, hops: Sequence[dict[str, str]]) -> list[str]:
+        """With ``echo_plan``: the plan's clauses after the first search, ", then its <relation>" for each
+        later hop and ", then answer"; the thought after the k-th observation restates the k-th."""
+        relations = self._rest_of_plan(hops)
+        return [f", then its{clause}" for clause in relations.split(", then its")[1:]] + [", then answer"]
+
     def _plan(self, query: str, rest: str) -> str:
         return self.protocol.render_search(query, thought=f"I need to search for {query}{rest}.")
 
-    def _search_next(self, found: str, query: str) -> str:
-        return self.protocol.render_search(query, thought=f"The results say {found}. Next I need {query}.")
+    def _search_next(self, found: str, query: str, echo: str = "") -> str:
+        return self.protocol.render_search(
+            query, thought=f"The results say {found}{echo}. Next I need {query}."
+        )
 
     def _rest_of_plan(self, hops: Sequence[dict[str, str]]) -> str:
         """The ", then its <relation>" for each later hop when stating the plan (the relation is the hop's
