@@ -121,6 +121,17 @@ def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, early_answer=1.5)
 
 
+def planned_demonstrations(tokenizer, world, retriever, config, **teacher):
+    """12 two-hop then 4 one-hop training questions and a stated-plan teacher's episodes on them, half the
+    two-hop ones answered early."""
+    records = [r for r in world.train if len(hops_of(r)) == 2][:12]
+    records += [r for r in world.train if len(hops_of(r)) == 1][:4]
+    demos = teacher_rollouts(
+        tokenizer, retriever, records, config, state_plan=True, early_answer=0.5, **teacher
+    )
+    return records, demos
+
+
 def test_a_lazy_plan_says_where_it_stops_and_decision_tokens_are_where_plans_part(
     smollm2_tokenizer, world, world_retriever
 ):
@@ -128,20 +139,12 @@ def test_a_lazy_plan_says_where_it_stops_and_decision_tokens_are_where_plans_par
     the others, "." on 1-hop ones. The decision tokens are where those plans part ("." or ",", then " its"
     or " answer"); with a stated plan, later turns carry it out and have none."""
     config = SearchEnvConfig(protocol="search_r1", max_turns=3)
-    multi = [r for r in world.train if len(hops_of(r)) == 2][:12]
-    single = [r for r in world.train if len(hops_of(r)) == 1][:4]
-    demos = teacher_rollouts(
-        smollm2_tokenizer,
-        world_retriever,
-        multi + single,
-        config,
-        state_plan=True,
-        early_answer=0.5,
-        lazy_plan=True,
-        decision_weight=20.0,
+    records, demos = planned_demonstrations(
+        smollm2_tokenizer, world, world_retriever, config, lazy_plan=True, decision_weight=20.0
     )
+    multi = [r for r in records if len(hops_of(r)) == 2]
     kinds = set()
-    for demo, record in zip(demos, multi + single):
+    for demo, record in zip(demos, records):
         hops = hops_of(record)
         ids = demo.token_ids.tolist()
         plan = smollm2_tokenizer.decode(ids[slice(*demo.turn_spans[0])])
@@ -177,20 +180,11 @@ def test_an_echoed_plan_is_restated_after_each_search_and_its_copies_are_decisio
     next clause, so what the teacher does after a search is the plan's word after "then": " its" and another
     search, or " answer" and the answer. Those words are its decision tokens, at the plan and at each echo."""
     config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
-    multi = [r for r in world.train if len(hops_of(r)) == 2][:12]
-    single = [r for r in world.train if len(hops_of(r)) == 1][:4]
-    demos = teacher_rollouts(
-        smollm2_tokenizer,
-        world_retriever,
-        multi + single,
-        config,
-        state_plan=True,
-        early_answer=0.5,
-        echo_plan=True,
-        decision_weight=5.0,
+    records, demos = planned_demonstrations(
+        smollm2_tokenizer, world, world_retriever, config, echo_plan=True, decision_weight=5.0
     )
     kinds = set()
-    for demo, record in zip(demos, multi + single):
+    for demo, record in zip(demos, records):
         hops = hops_of(record)
         ids = demo.token_ids.tolist()
         turns = [smollm2_tokenizer.decode(ids[slice(*span)]) for span in demo.turn_spans]
