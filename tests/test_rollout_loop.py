@@ -202,8 +202,11 @@ def test_an_echoed_plan_is_restated_after_each_search_and_its_copies_are_decisio
             assert f"The results say {hops[1]['answer']}, then answer." in turns[2]
             assert chosen == [" its", " its", " answer"] and demo.answer == record.golden_answers[0]
     assert kinds == {"one search", "two searches"}
+    protocol = MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol
     with pytest.raises(ValueError, match="state_plan"):
-        TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, echo_plan=True)
+        TeacherPolicy(protocol, echo_plan=True)
+    with pytest.raises(ValueError, match="drop lazy_plan"):
+        TeacherPolicy(protocol, state_plan=True, lazy_plan=True, echo_plan=True)
 
 
 def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):

@@ -66,6 +66,8 @@ class TeacherPolicy:
             raise ValueError("lazy_plan changes the stated plan: it needs state_plan=True")
         if echo_plan and not state_plan:
             raise ValueError("echo_plan restates the stated plan: it needs state_plan=True")
+        if echo_plan and lazy_plan:
+            raise ValueError("echo_plan ends every plan with ', then answer' already: drop lazy_plan")
         self.protocol = protocol
         self.state_plan = state_plan
         self.early_answer = early_answer
@@ -86,7 +88,7 @@ class TeacherPolicy:
         early = self.answers_early(record)
         if early:
             hops = hops[:1]
-        clauses = self._echoed_clauses(hops)
+        clauses = self._echoed_clauses(hops) if self.echo_plan else []
         if turn < len(hops):
             query = hops[turn]["query"]
             if turn == 0:
