@@ -124,14 +124,6 @@ def held_out_answers(records: list[Any], rollouts: list[Rollout]) -> str:
     )
 
 
-def credited_rollouts(rollouts: list[Rollout], config: Any) -> list[Rollout]:
-    """The episodes as the loss sees them: with ``config.trained_turns``, each loss mask keeps only its
-    first turns."""
-    if config.trained_turns is None:
-        return rollouts
-    return [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
-
-
 def train_batch(
     rollouts: list[Rollout],
     config: Any,
@@ -143,7 +135,8 @@ def train_batch(
     ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead. With
     ``config.trained_turns`` the episodes' loss masks keep only their first turns."""
     demonstrations = demonstrations or []
-    rollouts = credited_rollouts(rollouts, config)
+    if config.trained_turns is not None:
+        rollouts = [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
     rows = rollouts + demonstrations
     columns = {k: v.numpy() for k, v in pad_rollouts(rows, pad_token_id).items()}
     advantages = episode_advantages(rollouts, config) if rollouts else np.zeros(0)
@@ -179,6 +172,8 @@ class SearchAlgorithm(Algorithm):
         if self.config.colocate:  # the learners get the GPU memory until the new weights are in the engines
             self._foreach_runner(lambda runner: runner.release_engine())
         batch = train_batch(rollouts, self.config, self._pad_token_id(), self.next_ptx_demonstrations())
+        # The tokens the update trains (episodes first in the batch; with trained_turns, only those credited).
+        episode_loss_mask = np.asarray(batch.policy_batches[DEFAULT_MODULE_ID]["loss_mask"][: len(rollouts)])
         self.metrics.log_value(
             (LEARNER_RESULTS, "batch_tokens"), int(sum(len(r) for r in rollouts)), reduce="sum"
         )
@@ -198,8 +193,7 @@ class SearchAlgorithm(Algorithm):
             seconds = time.perf_counter() - started
         self.metrics.aggregate(results, key=LEARNER_RESULTS)
         self.log_batch_weights_lag(rollouts)
-        credited = credited_rollouts(rollouts, self.config)
-        trained = sum(int(r.loss_mask.sum()) for r in credited) * self.config.num_epochs
+        trained = int(episode_loss_mask.sum()) * self.config.num_epochs
         self.metrics.log_value(
             (LEARNER_RESULTS, "trained_tokens_per_s"), trained / max(seconds, 1e-9), window=1
         )
