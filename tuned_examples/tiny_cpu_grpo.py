@@ -20,10 +20,10 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    punished; the EM reward does. The default warm start searches exactly once on 2-hop questions, so RL gets
    no 2-hop signal. The knobs for a warm start that leaves the second search to RL (``--state-plan``,
    ``--early-answer``, ``--lazy-plan``, ``--echo-plan``, ``--decision-weight``, ``--rl-two-hop`` /
-   ``--rl-one-hop``, ``--rl-trained-turns``, ``--ptx-coeff``, ``--protocol search_r1_compact``) and what
-   each recipe measured are in ``docs/main_job.md``: RL lifts 2-hop EM by 0.2-0.6 with paired intervals
-   above 0, but so far always by searching twice on 1-hop questions as well, which costs 1-hop EM more than
-   it gains; the defaults keep the run that does not trade 1-hop for 2-hop.
+   ``--rl-one-hop``, ``--rl-trained-turns``, ``--rl-loss-aggregation``, ``--ptx-coeff``, ``--protocol
+   search_r1_compact``) and what each recipe measured are in ``docs/main_job.md``: RL lifts 2-hop EM by
+   0.2-0.6 with paired intervals above 0, but so far always by searching twice on 1-hop questions as well,
+   which costs 1-hop EM more than it gains; the defaults keep the run that does not trade 1-hop for 2-hop.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
@@ -110,6 +110,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help="GRPO credits only the first N turns of each episode (1: the plan and the first query; later "
         "turns stay as the warm start wrote them); default: every turn",
+    )
+    p.add_argument(
+        "--rl-loss-aggregation",
+        choices=("sequence", "token"),
+        default="sequence",
+        help="GRPO loss: the mean over each episode's trained tokens, then over episodes (sequence), or the "
+        "mean over every trained token of the minibatch (token: an episode with few trained tokens, as with "
+        "--rl-trained-turns, weighs less)",
     )
     p.add_argument("--minibatch", type=int, default=8, help="episodes per optimizer step (GRPO)")
     p.add_argument("--group-size", type=int, default=4)
@@ -272,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             minibatch_size=args.minibatch,
             scale_by_std=args.scale_by_std,
             trained_turns=args.rl_trained_turns,
+            loss_aggregation=args.rl_loss_aggregation,
         )
     )
     if args.ptx_coeff > 0:
