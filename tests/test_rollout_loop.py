@@ -205,8 +205,41 @@ def test_an_echoed_plan_is_restated_after_each_search_and_its_copies_are_decisio
     protocol = MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol
     with pytest.raises(ValueError, match="state_plan"):
         TeacherPolicy(protocol, echo_plan=True)
-    with pytest.raises(ValueError, match="drop lazy_plan"):
-        TeacherPolicy(protocol, state_plan=True, lazy_plan=True, echo_plan=True)
+
+
+def test_a_lazy_echo_parts_one_hop_plans_at_the_stop_and_multi_hop_plans_at_its(
+    smollm2_tokenizer, world, world_retriever
+):
+    """echo_plan with lazy_plan: a one-hop plan ends after its query ("." is its decision token), multi-hop
+    plans go on (",") and part at " its" or " answer", and every thought after a search restates the plan's
+    next clause, the one-hop one none."""
+    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
+    records, demos = planned_demonstrations(
+        smollm2_tokenizer, world, world_retriever, config, echo_plan=True, lazy_plan=True, decision_weight=5.0
+    )
+    kinds = set()
+    for demo, record in zip(demos, records):
+        hops = hops_of(record)
+        ids = demo.token_ids.tolist()
+        turns = [smollm2_tokenizer.decode(ids[slice(*span)]) for span in demo.turn_spans]
+        chosen = [smollm2_tokenizer.decode(ids[p : p + 1]) for p in np.flatnonzero(demo.nll_weights == 5.0)]
+        if len(hops) == 1:
+            kinds.add("one hop")
+            assert f"for {hops[0]['query']}." in turns[0] and "then" not in turns[0] + turns[1]
+            assert f"The results say {hops[0]['answer']}." in turns[1]
+            assert chosen == [".", "."] and demo.answer == hops[0]["answer"]
+        elif demo.stats["searches"] == 1:
+            kinds.add("early")
+            assert f"for {hops[0]['query']}, then answer." in turns[0]
+            assert f"The results say {hops[0]['answer']}, then answer." in turns[1]
+            assert chosen == [",", " answer", " answer"] and demo.answer == hops[0]["answer"]
+        else:
+            kinds.add("two searches")
+            relation = hops[1]["query"][len(hops[0]["answer"]) :].strip()
+            assert f"for {hops[0]['query']}, then its {relation}, then answer." in turns[0]
+            assert f"The results say {hops[0]['answer']}, then its {relation}. Next I need" in turns[1]
+            assert chosen == [",", " its", " its", " answer"] and demo.answer == record.golden_answers[0]
+    assert kinds == {"one hop", "early", "two searches"}
 
 
 def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):

@@ -55,6 +55,21 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
 
     assert Path(summary["checkpoint"], "learner_group").is_dir()
 
+    # --warm-start: GRPO from that export, no SFT; its evaluation of the warm start is the first run's.
+    again = tmp_path / "again"
+    argv = [*argv[: argv.index("--out")], "--out", str(again), *argv[argv.index("--out") + 2 :]]
+    argv += ["--warm-start", str(out / "warm_start_model"), "--rl-iterations", "1"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "sft step" not in done.stdout and "no SFT here" in done.stdout
+    resumed = json.loads((again / "summary.json").read_text())
+    assert [row["stage"] for row in resumed["evaluation"]] == ["after warm start", "after RL"]
+    assert resumed["em"]["after warm start"] == stages["after warm start"]
+    first = [p for p in predictions if p["stage"] == "after warm start"]
+    second = [json.loads(line) for line in (again / "predictions.jsonl").read_text().splitlines()]
+    assert [p for p in second if p["stage"] == "after warm start"] == first
+    assert not (again / "warm_start_model").exists()
+
 
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,
 # as a submitted job): one local Ray fewer in the suite.

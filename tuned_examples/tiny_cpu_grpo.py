@@ -3,6 +3,7 @@
     python tuned_examples/tiny_cpu_grpo.py            # the README's main job (about 10-15 minutes)
     python tuned_examples/tiny_cpu_grpo.py --smoke    # every stage at the smallest size (minutes)
     python tuned_examples/tiny_cpu_grpo.py --help     # every knob
+    python tuned_examples/tiny_cpu_grpo.py --warm-start runs/tiny_cpu_grpo/warm_start_model  # GRPO only
     RAY_AUTH_MODE=token ray job submit --working-dir . -- python tuned_examples/tiny_cpu_grpo.py  # cluster
 
 What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever as a Ray Serve app):
@@ -87,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=False,
         help="with --state-plan: every plan ends with ', then answer' and each thought after a search "
         "restates the plan's next clause ('The results say X, then its country.'), so the choice to search "
-        "again copies the plan",
+        "again copies the plan; with --lazy-plan too, 1-hop plans end after the query ('.') and only 2-hop "
+        "plans reach ' its' or ' answer'",
     )
     p.add_argument(
         "--decision-weight",
@@ -96,6 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="SFT weight of decision tokens (where the teacher's turn would differ for a question needing "
         "another number of hops: with --state-plan at the plan only ('.' or ',', ' its' or ' answer'), "
         "else after each search (' Next' or '</think>')); 1: plain NLL",
+    )
+    p.add_argument(
+        "--warm-start",
+        help="a Hugging Face model directory to start GRPO from (an earlier run's warm_start_model): skips "
+        "the evaluation before training and the SFT stage",
     )
     p.add_argument("--sft-steps", type=int, default=8)
     p.add_argument("--sft-batch", type=int, default=8)
@@ -237,36 +244,43 @@ def main(argv: list[str] | None = None) -> int:
     demonstrated = {record.uid for record in demo_questions}
     undemonstrated = {h: [r for r in by_hops[h] if r.uid not in demonstrated] for h in (1, 2)}
     rl_questions = undemonstrated[2][: args.rl_two_hop] + undemonstrated[1][: args.rl_one_hop]
-    demos = teacher_rollouts(
-        tokenizer,
-        client,
-        demo_questions,
-        SearchEnvConfig.from_dict(env_settings),
-        state_plan=args.state_plan,
-        early_answer=args.early_answer,
-        seed=args.seed,
-        lazy_plan=args.lazy_plan,
-        decision_weight=args.decision_weight,
-        echo_plan=args.echo_plan,
-    )
-    say(
-        f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
-        f"{args.two_hop_demonstrations} 2-hop)"
-    )
-    sft_config = (
-        base_config(SearchSFTConfig, args.model, by_hops[1])
-        .training(lr=args.sft_lr, micro_batch_size=args.micro_batch)
-        .sft(demonstrations=demos, sft_batch_size=args.sft_batch)
-    )
-    sft = sft_config.build_algo()
-    table = [evaluate(sft, "before")]
-    for step in range(1, args.sft_steps + 1):
-        nll = sft.train()["learners"]["default_policy"]["sft_nll"]
-        say(f"sft step {step:3d}/{args.sft_steps}  nll {nll:.4f}")
-    table.append(evaluate(sft, "after warm start"))
-    warm_dir = sft.export(out / "warm_start_model")
-    sft.stop()
-    embedded.release_freed_memory()  # the SFT learner's memory back to the OS before GRPO builds its own
+    demos = []
+    if not args.warm_start or args.ptx_coeff > 0:
+        demos = teacher_rollouts(
+            tokenizer,
+            client,
+            demo_questions,
+            SearchEnvConfig.from_dict(env_settings),
+            state_plan=args.state_plan,
+            early_answer=args.early_answer,
+            seed=args.seed,
+            lazy_plan=args.lazy_plan,
+            decision_weight=args.decision_weight,
+            echo_plan=args.echo_plan,
+        )
+        say(
+            f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
+            f"{args.two_hop_demonstrations} 2-hop)"
+        )
+    table = []
+    if args.warm_start:
+        warm_dir = Path(args.warm_start)
+        say(f"warm start: {warm_dir} (no SFT here)")
+    else:
+        sft_config = (
+            base_config(SearchSFTConfig, args.model, by_hops[1])
+            .training(lr=args.sft_lr, micro_batch_size=args.micro_batch)
+            .sft(demonstrations=demos, sft_batch_size=args.sft_batch)
+        )
+        sft = sft_config.build_algo()
+        table.append(evaluate(sft, "before"))
+        for step in range(1, args.sft_steps + 1):
+            nll = sft.train()["learners"]["default_policy"]["sft_nll"]
+            say(f"sft step {step:3d}/{args.sft_steps}  nll {nll:.4f}")
+        table.append(evaluate(sft, "after warm start"))
+        warm_dir = sft.export(out / "warm_start_model")
+        sft.stop()
+        embedded.release_freed_memory()  # the SFT learner's memory back to the OS before GRPO builds its own
 
     # 4. GRPO from the warm start on 2-hop questions.
     grpo_config = (
@@ -287,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         one_hop_demos = [d for d, q in zip(demos, demo_questions, strict=True) if q.extra["num_hops"] == 1]
         grpo_config.ptx(demonstrations=one_hop_demos, coeff=args.ptx_coeff, batch_size=args.ptx_batch)
     grpo = grpo_config.build_algo()
+    if args.warm_start:
+        table.append(evaluate(grpo, "after warm start"))
     history = []
     for iteration in range(1, args.rl_iterations + 1):
         result = grpo.train()
@@ -317,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     def flat(row: dict[str, Any]) -> list[str | None]:
         return [a for hops in held_out for a in row["answers"][hops]]
 
-    gain = paired_gain(flat(table[1]), flat(table[2]), golds, groups, seed=args.seed)
+    gain = paired_gain(flat(table[-2]), flat(table[-1]), golds, groups, seed=args.seed)
     rl_gain = {f"{hops}hop": gain.groups[str(hops)]["em"] for hops in held_out}
     print("\nheld-out evaluation (greedy; EM [95% bootstrap interval])")
     print(f"{'stage':>18} | {'EM 1-hop':>21} | {'EM 2-hop':>21} | {'searches 1/2-hop':>16}")

@@ -33,6 +33,14 @@ from the passages. Why: in the main job, RL that credited only the plan (on a la
 18 of 19 held-out two-hop plans say "then its ...", and 18 of those episodes still searched once: without
 the echo, what the model does after a search does not follow its plan.
 
+With both ``echo_plan`` and ``lazy_plan`` (the lazy echo), a one-hop plan states no clause ("I need to search
+for X founder.", then "The results say Taros."), while multi-hop plans are echoed as above, the hesitant
+teacher's ending ", then answer.". The plans then part in two places, as with the lazy plan: "." or "," (the
+number of hops, which the question tells) and, on multi-hop plans only, " its" or " answer" (where the
+teacher hesitates); and execution copies the plan as with the echo. Why: RL that lifts " its" on multi-hop
+questions then has no token to move on one-hop ones, whose plans never reach ", then" (greedy decoding
+keeps their "." while it stays the likelier token).
+
 ``alternatives`` gives, for each turn, the other turns this teacher writes at that point for questions that
 need a different number of further hops; the first token where a demonstration's turn departs from one of
 them is a decision token (``algos/demonstrations.py`` weights its NLL).
@@ -66,8 +74,6 @@ class TeacherPolicy:
             raise ValueError("lazy_plan changes the stated plan: it needs state_plan=True")
         if echo_plan and not state_plan:
             raise ValueError("echo_plan restates the stated plan: it needs state_plan=True")
-        if echo_plan and lazy_plan:
-            raise ValueError("echo_plan ends every plan with ', then answer' already: drop lazy_plan")
         self.protocol = protocol
         self.state_plan = state_plan
         self.early_answer = early_answer
@@ -88,7 +94,7 @@ class TeacherPolicy:
         early = self.answers_early(record)
         if early:
             hops = hops[:1]
-        clauses = self._echoed_clauses(hops) if self.echo_plan else []
+        clauses = self._echoed_clauses(record, hops) if self.echo_plan else []
         if turn < len(hops):
             query = hops[turn]["query"]
             if turn == 0:
@@ -141,6 +147,7 @@ class TeacherPolicy:
             query = hops[0]["query"]
             more = self._rest_of_plan(hops) or ", then its next relation"
             plans = [self._plan(query, ", then answer"), self._plan(query, more + ", then answer")]
+            plans += [self._plan(query, "")] if self.lazy_plan else []
             actual = self.segment(record, 0, [])
             return [text for text in dict.fromkeys(plans) if text != actual]
         found = hops[turn - 1]["answer"]
@@ -148,9 +155,12 @@ class TeacherPolicy:
             return [self.protocol.render_answer(found, thought=f"The results say {found}, then answer.")]
         return [self._search_next(found, f"{found} next", ", then its next relation")]
 
-    def _echoed_clauses(self, hops: Sequence[dict[str, str]]) -> list[str]:
+    def _echoed_clauses(self, record: QARecord, hops: Sequence[dict[str, str]]) -> list[str]:
         """With ``echo_plan``: the plan's clauses after the first search, ", then its <relation>" for each
-        later hop and ", then answer"; the thought after the k-th observation restates the k-th."""
+        later hop and ", then answer"; the thought after the k-th observation restates the k-th. With
+        ``lazy_plan`` a one-hop question's plan has none (an empty clause)."""
+        if self.lazy_plan and len(hops_of(record)) == 1:
+            return [""]
         relations = self._rest_of_plan(hops)
         return [f", then its{clause}" for clause in relations.split(", then its")[1:]] + [", then answer"]
 
