@@ -173,6 +173,13 @@ def test_a_lazy_plan_says_where_it_stops_and_decision_tokens_are_where_plans_par
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, lazy_plan=True)
 
 
+def turn_texts_and_decisions(tokenizer, demo, weight):
+    """A demonstration's turns as text, and its decision tokens (NLL weight ``weight``) in order."""
+    ids = demo.token_ids.tolist()
+    turns = [tokenizer.decode(ids[slice(*span)]) for span in demo.turn_spans]
+    return turns, [tokenizer.decode(ids[p : p + 1]) for p in np.flatnonzero(demo.nll_weights == weight)]
+
+
 def test_an_echoed_plan_is_restated_after_each_search_and_its_copies_are_decisions(
     smollm2_tokenizer, world, world_retriever
 ):
@@ -186,9 +193,7 @@ def test_an_echoed_plan_is_restated_after_each_search_and_its_copies_are_decisio
     kinds = set()
     for demo, record in zip(demos, records):
         hops = hops_of(record)
-        ids = demo.token_ids.tolist()
-        turns = [smollm2_tokenizer.decode(ids[slice(*span)]) for span in demo.turn_spans]
-        chosen = [smollm2_tokenizer.decode(ids[p : p + 1]) for p in np.flatnonzero(demo.nll_weights == 5.0)]
+        turns, chosen = turn_texts_and_decisions(smollm2_tokenizer, demo, weight=5.0)
         if demo.stats["searches"] == 1:  # one hop, or a two-hop question answered early
             kinds.add("one search")
             assert f"for {hops[0]['query']}, then answer." in turns[0]
@@ -220,9 +225,7 @@ def test_a_lazy_echo_parts_one_hop_plans_at_the_stop_and_multi_hop_plans_at_its(
     kinds = set()
     for demo, record in zip(demos, records):
         hops = hops_of(record)
-        ids = demo.token_ids.tolist()
-        turns = [smollm2_tokenizer.decode(ids[slice(*span)]) for span in demo.turn_spans]
-        chosen = [smollm2_tokenizer.decode(ids[p : p + 1]) for p in np.flatnonzero(demo.nll_weights == 5.0)]
+        turns, chosen = turn_texts_and_decisions(smollm2_tokenizer, demo, weight=5.0)
         if len(hops) == 1:
             kinds.add("one hop")
             assert f"for {hops[0]['query']}." in turns[0] and "then" not in turns[0] + turns[1]
