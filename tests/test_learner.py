@@ -376,6 +376,11 @@ def test_config_validation(model_dir, world, corpus):
     with pytest.raises(ValueError, match="use one or the other"):
         no_mask = {"trained_turns": 1, "mask_retrieved_tokens": False}
         make_config(SearchGRPOConfig, model_dir, world, corpus, **no_mask).validate()
+    with pytest.raises(ValueError, match="credit_after must be"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after="").validate()
+    with pytest.raises(ValueError, match="use one or the other"):
+        no_mask = {"credit_after": ", then", "mask_retrieved_tokens": False}
+        make_config(SearchGRPOConfig, model_dir, world, corpus, **no_mask).validate()
     with pytest.raises(ValueError, match="sample_retries"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(sample_retries=-1).validate()
     config = make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(
@@ -547,6 +552,44 @@ def test_trained_turns_credits_the_first_turns_only(model_dir, world, corpus, de
     whole = train_batch(episodes[:1], every_turn, 0).policy_batches["default_policy"]
     np.testing.assert_array_equal(whole["loss_mask"][0], full["loss_mask"][0, : whole["loss_mask"].shape[1]])
     assert whole["loss_mask"][0].sum() == full["loss_mask"][0].sum()
+
+
+def first_generated_occurrence(episode, marker):
+    """Where ``marker`` ends in ``episode`` the first time every one of its tokens was generated (None)."""
+    ids, mask = episode.token_ids.tolist(), episode.loss_mask.tolist()
+    for start in range(len(ids) - len(marker) + 1):
+        if ids[start : start + len(marker)] == marker and all(mask[start : start + len(marker)]):
+            return start + len(marker)
+    return None
+
+
+def test_credit_after_trains_only_what_follows_the_first_generated_marker(
+    model_dir, world, corpus, demonstrations
+):
+    """With a credit marker an episode's loss mask keeps only the generated tokens after the first place the
+    policy generated the marker's ids (here two ids from the middle of its first turn); ids that occur only
+    where the env wrote them (the prompt) leave nothing to train; advantages and tokens are unchanged."""
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, trained_turns=1)
+    for episode in demonstrations[:3]:
+        start = episode.turn_spans[0][0]
+        marker = episode.token_ids[start + 3 : start + 5].tolist()
+        cut = first_generated_occurrence(episode, marker)
+        assert cut is not None and cut <= start + 5
+        plain = train_batch([episode], config, 0).policy_batches["default_policy"]
+        kept = train_batch([episode], config, 0, credit_marker=marker).policy_batches["default_policy"]
+        np.testing.assert_array_equal(kept["input_ids"], plain["input_ids"])
+        np.testing.assert_array_equal(kept["episode_advantages"], plain["episode_advantages"])
+        assert kept["loss_mask"][0, : cut - 1].sum() == 0  # position t of the mask scores token t + 1
+        np.testing.assert_array_equal(kept["loss_mask"][0, cut - 1 :], plain["loss_mask"][0, cut - 1 :])
+        assert 0 < kept["loss_mask"][0].sum() < plain["loss_mask"][0].sum()
+        prompt_only = episode.token_ids[: episode.prompt_length].tolist()
+        marker = next(
+            prompt_only[k : k + 3]
+            for k in range(len(prompt_only) - 2)
+            if first_generated_occurrence(episode, prompt_only[k : k + 3]) is None
+        )
+        nothing = train_batch([episode], config, 0, credit_marker=marker).policy_batches["default_policy"]
+        assert nothing["loss_mask"].sum() == 0
 
 
 def test_trained_turns_loss_equals_the_whole_episodes_loss_masked_after_the_first_turn(

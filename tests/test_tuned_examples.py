@@ -55,10 +55,28 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
 
     assert Path(summary["checkpoint"], "learner_group").is_dir()
 
+    # plan_forks.py reads the warm start's probabilities at the plan's forks.
+    forks_script = str(ROOT / "tuned_examples" / "plan_forks.py")
+    forks = subprocess.run(
+        [sys.executable, forks_script, str(out / "warm_start_model"), "--questions", "3", "--threads", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert forks.returncode == 0, forks.stdout[-3000:] + forks.stderr[-3000:]
+    assert "1-hop (3 questions)" in forks.stdout and "2-hop (3 questions)" in forks.stdout
+    report = json.loads((out / "warm_start_model" / "plan_forks.json").read_text())
+    for hops in ("1hop", "2hop"):
+        for fork in ("goes_on", "its"):
+            assert 0.0 <= report[hops][fork]["mean"] <= 1.0 and 0 <= report[hops][fork]["above_half"] <= 3
+
     # --warm-start: GRPO from that export, no SFT; its evaluation of the warm start is the first run's.
     again = tmp_path / "again"
     argv = [*argv[: argv.index("--out")], "--out", str(again), *argv[argv.index("--out") + 2 :]]
     argv += ["--warm-start", str(out / "warm_start_model"), "--rl-iterations", "1"]
+    argv += ["--rl-trained-turns", "1", "--rl-credit-after", ", then"]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "sft step" not in done.stdout and "no SFT here" in done.stdout

@@ -1,6 +1,6 @@
 """End to end on 2 CPU cores: warm-start SmolLM2-135M-Instruct on teacher trajectories, then GRPO.
 
-    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (about 10-15 minutes)
+    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (about 12 minutes)
     python tuned_examples/tiny_cpu_grpo.py --smoke    # every stage at the smallest size (minutes)
     python tuned_examples/tiny_cpu_grpo.py --help     # every knob
     python tuned_examples/tiny_cpu_grpo.py --warm-start runs/tiny_cpu_grpo/warm_start_model  # GRPO only
@@ -11,20 +11,23 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
 1. **World and retriever**: the synthetic multi-hop world (cached), a BM25 index of its passages served by
    the ``RetrieverDeployment`` over 127.0.0.1 (the env calls it through a DeploymentHandle).
 2. **Evaluation before training** on held-out 1-hop and 2-hop questions (greedy).
-3. **Warm start** (:class:`SearchSFTConfig`): masked SFT on teacher trajectories (mostly 1-hop questions,
-   a few 2-hop). Zero-shot SmolLM2 never follows the protocol, so RL alone gets no signal.
-4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on training questions that were never
-   demonstrated; a line per iteration (reward, EM, searches, tokens/s). What RL teaches by default: the
-   world puts a confusable twin's passage beside the right one ("The Gallozane Engines" beside "The
-   Setikaley Engines"), and the warm-started model answers with the wrong passage's entity, or copies its
-   query, on about a quarter of 1-hop questions; the teacher never made that mistake, so SFT never saw it
-   punished; the EM reward does. The default warm start searches exactly once on 2-hop questions, so RL gets
-   no 2-hop signal. The knobs for a warm start that leaves the second search to RL (``--state-plan``,
-   ``--early-answer``, ``--lazy-plan``, ``--echo-plan``, ``--decision-weight``, ``--rl-two-hop`` /
-   ``--rl-one-hop``, ``--rl-trained-turns``, ``--rl-loss-aggregation``, ``--ptx-coeff``, ``--protocol
-   search_r1_compact``) and what each recipe measured are in ``docs/main_job.md``: RL lifts 2-hop EM by
-   0.2-0.6 with paired intervals above 0, but so far always by searching twice on 1-hop questions as well,
-   which costs 1-hop EM more than it gains; the defaults keep the run that does not trade 1-hop for 2-hop.
+3. **Warm start** (:class:`SearchSFTConfig`): masked SFT on teacher trajectories (60 1-hop and 60 2-hop
+   questions, the compact prompt). Zero-shot SmolLM2 never follows the protocol, so RL alone gets no
+   signal. The teacher states its plan, and plans part where the question kinds differ: a 1-hop plan ends
+   after its query ("I need to search for X birthplace."), a 2-hop plan goes on (", then its country, then
+   answer."), and each thought after a search restates the plan's next clause, so what the model does
+   after a search follows its plan (the lazy echo of ``env/teacher.py``). On 30% of 2-hop questions the
+   teacher hesitates (", then answer.", and it answers after one hop); the tokens where plans part weigh
+   5x in the NLL. After 12 steps the warm start writes "." on 1-hop and "," on most 2-hop questions, but
+   rarely " its" after ", then": it can chain searches and rarely does.
+4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on 2-hop training questions that were
+   never demonstrated; a line per iteration (reward, EM, searches, tokens/s). It credits only what each
+   episode's first turn generated after its first ", then" (``--rl-trained-turns 1 --rl-credit-after ",
+   then"``): " its" or " answer" and the first query. The "," that tells the kinds apart stays the warm
+   start's, so the update that makes 2-hop questions search twice does not reach 1-hop ones (crediting the
+   "," too, or every turn, spread the second search to 1-hop questions in every earlier recipe). Measured
+   on 2 cores (seed 0, 686 s): held-out 2-hop EM 0.06 -> 0.30 (paired gain +0.24 [0.12, 0.38]), 1-hop
+   0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Every recipe tried, with its numbers: ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
@@ -52,40 +55,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/tiny_cpu_grpo", help="output directory")
     p.add_argument(
         "--protocol",
-        default="search_r1",
+        default="search_r1_compact",
         help="tag protocol: search_r1 (the paper's instruction) or search_r1_compact (the same tags with a "
         "short system instruction: prompts of 76 tokens instead of 164) or a registered one",
     )
     p.add_argument("--world-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--demonstrations", type=int, default=120, help="1-hop teacher trajectories for SFT")
+    p.add_argument("--demonstrations", type=int, default=60, help="1-hop teacher trajectories for SFT")
     p.add_argument(
-        "--two-hop-demonstrations", type=int, default=40, help="2-hop teacher trajectories mixed into SFT"
+        "--two-hop-demonstrations", type=int, default=60, help="2-hop teacher trajectories mixed into SFT"
     )
     p.add_argument(
         "--state-plan",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="the teacher's first thought names every hop ('..., then its country.')",
     )
     p.add_argument(
         "--early-answer",
         type=float,
-        default=0.0,
+        default=0.3,
         help="fraction of 2-hop demonstrations in which the teacher answers after the first hop (a hesitant "
         "teacher: the warm start knows how to chain searches, not when)",
     )
     p.add_argument(
         "--lazy-plan",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="with --state-plan and --early-answer: the hesitant teacher's plan says it will answer after "
         "the first hop (', then answer.'), so only the second clause of a 2-hop plan hesitates",
     )
     p.add_argument(
         "--echo-plan",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="with --state-plan: every plan ends with ', then answer' and each thought after a search "
         "restates the plan's next clause ('The results say X, then its country.'), so the choice to search "
         "again copies the plan; with --lazy-plan too, 1-hop plans end after the query ('.') and only 2-hop "
@@ -94,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--decision-weight",
         type=float,
-        default=1.0,
+        default=5.0,
         help="SFT weight of decision tokens (where the teacher's turn would differ for a question needing "
         "another number of hops: with --state-plan at the plan only ('.' or ',', ' its' or ' answer'), "
         "else after each search (' Next' or '</think>')); 1: plain NLL",
@@ -104,19 +107,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a Hugging Face model directory to start GRPO from (an earlier run's warm_start_model): skips "
         "the evaluation before training and the SFT stage",
     )
-    p.add_argument("--sft-steps", type=int, default=8)
+    p.add_argument("--sft-steps", type=int, default=12)
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
-    p.add_argument("--rl-iterations", type=int, default=5)
-    p.add_argument("--prompts", type=int, default=4, help="questions per GRPO iteration")
-    p.add_argument("--rl-two-hop", type=int, default=0, help="2-hop questions in the RL set")
-    p.add_argument("--rl-one-hop", type=int, default=400, help="1-hop questions in the RL set")
+    p.add_argument("--rl-iterations", type=int, default=6)
+    p.add_argument("--prompts", type=int, default=2, help="questions per GRPO iteration")
+    p.add_argument("--rl-two-hop", type=int, default=300, help="2-hop questions in the RL set")
+    p.add_argument("--rl-one-hop", type=int, default=0, help="1-hop questions in the RL set")
     p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
     p.add_argument(
         "--rl-trained-turns",
         type=int,
+        default=1,
         help="GRPO credits only the first N turns of each episode (1: the plan and the first query; later "
-        "turns stay as the warm start wrote them); default: every turn",
+        "turns stay as the warm start wrote them); 0: every turn",
+    )
+    p.add_argument(
+        "--rl-credit-after",
+        default=", then",
+        help="GRPO credits only the tokens each episode generated after this text (', then' with "
+        "--rl-trained-turns 1: what a stated plan says after its first clause, not the choice to go on); "
+        "'': every generated token",
     )
     p.add_argument(
         "--rl-loss-aggregation",
@@ -126,9 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "mean over every trained token of the minibatch (token: an episode with few trained tokens, as with "
         "--rl-trained-turns, weighs less)",
     )
-    p.add_argument("--minibatch", type=int, default=8, help="episodes per optimizer step (GRPO)")
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--rl-lr", type=float, default=3e-5)
+    p.add_argument("--minibatch", type=int, default=16, help="episodes per optimizer step (GRPO)")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--rl-lr", type=float, default=1.5e-5)
     p.add_argument("--kl-coeff", type=float, default=0.001)
     p.add_argument(
         "--ptx-coeff",
@@ -145,13 +156,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="divide GRPO advantages by the group's reward std (off: Dr. GRPO's unscaled advantages)",
     )
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--eval-questions", type=int, default=12, help="held-out questions per hop count")
+    p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument("--max-turn-tokens", type=int, default=48)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port of the local Ray (default: random)")
     args = p.parse_args(argv)
+    args.rl_trained_turns = args.rl_trained_turns or None  # 0: every turn
+    args.rl_credit_after = args.rl_credit_after or None  # '': every generated token
     if args.smoke:
         args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
         args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
@@ -294,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             minibatch_size=args.minibatch,
             scale_by_std=args.scale_by_std,
             trained_turns=args.rl_trained_turns,
+            credit_after=args.rl_credit_after,
             loss_aggregation=args.rl_loss_aggregation,
         )
     )

@@ -56,7 +56,7 @@ from ray.rllib.utils.metrics import (
 
 from rllib_search.algos import dashboard_metrics
 from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
-from rllib_search.algos.batching import keep_first_turns, pad_rollouts
+from rllib_search.algos.batching import credit_after, keep_first_turns, pad_rollouts
 from rllib_search.algos.checkpoint_check import check_checkpoint
 from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
 from rllib_search.algos.reward_schedule import RewardSchedule
@@ -129,14 +129,18 @@ def train_batch(
     config: Any,
     pad_token_id: int,
     demonstrations: list[Rollout] | None = None,
+    credit_marker: list[int] | None = None,
 ) -> MultiAgentBatch:
     """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode).
     ``demonstrations`` (PPO-ptx, ``config.ptx``) follow the episodes as rows with no advantage and a
     ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead. With
-    ``config.trained_turns`` the episodes' loss masks keep only their first turns."""
+    ``config.trained_turns`` the episodes' loss masks keep only their first turns; with
+    ``credit_marker`` (``config.credit_after``'s token ids) only the tokens after it."""
     demonstrations = demonstrations or []
     if config.trained_turns is not None:
         rollouts = [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
+    if credit_marker:
+        rollouts = [credit_after(rollout, credit_marker) for rollout in rollouts]
     rows = rollouts + demonstrations
     columns = {k: v.numpy() for k, v in pad_rollouts(rows, pad_token_id).items()}
     advantages = episode_advantages(rollouts, config) if rollouts else np.zeros(0)
@@ -171,7 +175,13 @@ class SearchAlgorithm(Algorithm):
         rollouts = self.sample_rollouts()
         if self.config.colocate:  # the learners get the GPU memory until the new weights are in the engines
             self._foreach_runner(lambda runner: runner.release_engine())
-        batch = train_batch(rollouts, self.config, self._pad_token_id(), self.next_ptx_demonstrations())
+        batch = train_batch(
+            rollouts,
+            self.config,
+            self._pad_token_id(),
+            self.next_ptx_demonstrations(),
+            credit_marker=self._credit_marker(),
+        )
         # The tokens the update trains (episodes first in the batch; with trained_turns, only those credited).
         episode_loss_mask = np.asarray(batch.policy_batches[DEFAULT_MODULE_ID]["loss_mask"][: len(rollouts)])
         self.metrics.log_value(
@@ -476,6 +486,15 @@ class SearchAlgorithm(Algorithm):
         if path is not None:
             self.restore_from_path(str(path))
         return path
+
+    def _credit_marker(self) -> list[int] | None:
+        """``config.credit_after`` as token ids of the policy's tokenizer (None when unset)."""
+        if self.config.credit_after is None:
+            return None
+        tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None
+        if tokenizer is None:
+            raise RuntimeError("credit_after needs the policy's tokenizer on the local EnvRunner")
+        return list(tokenizer(self.config.credit_after, add_special_tokens=False)["input_ids"])
 
     def _pad_token_id(self) -> int:
         tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None

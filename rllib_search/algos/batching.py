@@ -88,6 +88,23 @@ def keep_first_turns(rollout: Rollout, turns: int) -> Rollout:
     )
 
 
+def credit_after(rollout: Rollout, marker: Sequence[int]) -> Rollout:
+    """``rollout`` with its loss mask cleared up to and including the first place the policy generated the
+    token ids ``marker`` (every id generated, none inserted by the env); cleared everywhere when it never
+    did. The ids are compared as sampled: the same text tokenised otherwise does not match."""
+    ids, generated = np.asarray(rollout.token_ids), np.asarray(rollout.loss_mask).astype(bool)
+    width = len(marker)
+    mask = np.zeros_like(rollout.loss_mask)
+    if 0 < width <= len(ids):
+        windows = np.lib.stride_tricks.sliding_window_view(ids, width)
+        inside = np.lib.stride_tricks.sliding_window_view(generated, width).all(-1)
+        found = np.flatnonzero((windows == np.asarray(marker)).all(-1) & inside)
+        if len(found):
+            end = found[0] + width
+            mask[end:] = rollout.loss_mask[end:]
+    return replace(rollout, loss_mask=mask)
+
+
 def broadcast_to_tokens(per_episode: Sequence[float], loss_mask: np.ndarray) -> np.ndarray:
     """An episode-level value (a GRPO advantage) on every generated token of its row, 0 elsewhere."""
     values = np.asarray(per_episode, dtype=np.float64)[:, None]

@@ -69,6 +69,8 @@ class SearchConfig(AlgorithmConfig):
         self.mask_retrieved_tokens = True
         # Credit only the first N assistant turns of each episode (None: every turn); see training().
         self.trained_turns: int | None = None
+        # Credit only the tokens an episode generated after this text (None: all); see training().
+        self.credit_after: str | None = None
         self.old_logprobs = "sampler"
         self.micro_batch_size = 4
         self.deepspeed: dict[str, Any] | None = None
@@ -260,6 +262,7 @@ class SearchConfig(AlgorithmConfig):
         loss_aggregation: str | Any = NotProvided,
         mask_retrieved_tokens: bool | Any = NotProvided,
         trained_turns: int | Any | None = NotProvided,
+        credit_after: str | Any | None = NotProvided,
         old_logprobs: str | Any = NotProvided,
         micro_batch_size: int | Any = NotProvided,
         deepspeed: dict[str, Any] | Any | None = NotProvided,
@@ -283,6 +286,11 @@ class SearchConfig(AlgorithmConfig):
           episode's reward still judges the whole episode), e.g. 1 to let RL change the plan and the first
           query while later turns stay as the warm start wrote them; the learner then trains on the
           episodes cut after those turns (None: every turn); demonstrations (PPO-ptx) keep every turn;
+        - ``credit_after``: the RL loss covers only each episode's generated tokens after the first place it
+          generated this text (its token ids under the policy's tokenizer, matched in the episode's ids,
+          never decoded), e.g. ", then" with ``trained_turns=1`` to credit what a stated plan says after its
+          first clause but not the choice to go on; an episode that never generated it is not trained (its
+          reward still counts in its group's advantages); None: every generated token;
         - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch;
         - ``deepspeed``: None (DDP across learners) or a DeepSpeed config dict, e.g.
           ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned;
@@ -373,6 +381,14 @@ class SearchConfig(AlgorithmConfig):
             if not self.mask_retrieved_tokens:
                 raise ValueError(
                     "trained_turns selects generated turns; with mask_retrieved_tokens=False (Search-R1's "
+                    "no-mask ablation) the loss covers retrieved tokens too: use one or the other"
+                )
+        if self.credit_after is not None:
+            if not isinstance(self.credit_after, str) or not self.credit_after:
+                raise ValueError(f"credit_after must be None or non-empty text, got {self.credit_after!r}")
+            if not self.mask_retrieved_tokens:
+                raise ValueError(
+                    "credit_after selects generated tokens; with mask_retrieved_tokens=False (Search-R1's "
                     "no-mask ablation) the loss covers retrieved tokens too: use one or the other"
                 )
         if not (0 <= self.gamma <= 1 and 0 <= self.lambda_ <= 1):
