@@ -27,7 +27,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    start's, so the update that makes 2-hop questions search twice does not reach 1-hop ones (crediting the
    "," too, or every turn, spread the second search to 1-hop questions in every earlier recipe). Measured
    on 2 cores (seed 0, 686 s): held-out 2-hop EM 0.06 -> 0.30 (paired gain +0.24 [0.12, 0.38]), 1-hop
-   0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Every recipe tried, with its numbers: ``docs/main_job.md``.
+   0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Not yet robust to the seed: with ``--seed 1`` the warm start
+   rarely plans a second hop and RL gains nothing. Every recipe tried, with its numbers:
+   ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
