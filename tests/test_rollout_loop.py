@@ -104,7 +104,7 @@ def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop
         smollm2_tokenizer, world_retriever, multi + single, config, early_answer=0.5, seed=3
     )
     early = [d for d, r in zip(demos, multi) if d.stats["searches"] == 1]
-    assert 8 <= len(early) <= 32  # about half of 40 (a hash of uid and seed decides)
+    assert len(multi) >= 10 and len(early) == round(len(multi) / 2)  # exactly half (a hash decides which)
     for demo, record in zip(demos, multi):
         hops = hops_of(record)
         if demo.stats["searches"] == 1:  # stopped early: answers with what its one search found
@@ -117,6 +117,15 @@ def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop
     assert [d.token_ids.tolist() for d in again] == [d.token_ids.tolist() for d in demos[: len(multi)]]
     other_seed = teacher_rollouts(smollm2_tokenizer, world_retriever, multi, config, early_answer=0.5, seed=4)
     assert [d.stats["searches"] for d in other_seed] != [d.stats["searches"] for d in demos[: len(multi)]]
+    assert sum(d.stats["searches"] == 1 for d in other_seed) == len(early)
+    draws = {}  # without hesitate_on each question is drawn alone; with it, exactly round(p x n) hesitate
+    for seed in range(8):
+        teacher = TeacherPolicy(None, early_answer=0.3, seed=seed)
+        independent = sum(teacher.answers_early(r) for r in multi)
+        teacher.hesitate_on(multi + single)
+        draws[seed] = (independent, sum(teacher.answers_early(r) for r in multi))
+    assert {fixed for _, fixed in draws.values()} == {round(0.3 * len(multi))}
+    assert len({independent for independent, _ in draws.values()}) > 1
     with pytest.raises(ValueError, match="early_answer"):
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, early_answer=1.5)
 
@@ -243,6 +252,26 @@ def test_a_lazy_echo_parts_one_hop_plans_at_the_stop_and_multi_hop_plans_at_its(
             assert f"The results say {hops[0]['answer']}, then its {relation}. Next I need" in turns[1]
             assert chosen == [",", " its", " its", " answer"] and demo.answer == record.golden_answers[0]
     assert kinds == {"one hop", "early", "two searches"}
+
+
+def test_a_plan_weight_falls_on_the_plans_first_fork_only(smollm2_tokenizer, world, world_retriever):
+    """plan_weight weighs the first turn's first decision token (the lazy echo's "." or ",": whether the plan
+    goes on) and leaves the other decision tokens at decision_weight and the rest of the turns at 1."""
+    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
+    settings = {"echo_plan": True, "lazy_plan": True, "decision_weight": 5.0}
+    records, demos = planned_demonstrations(
+        smollm2_tokenizer, world, world_retriever, config, plan_weight=15.0, **settings
+    )
+    _, same_demos = planned_demonstrations(smollm2_tokenizer, world, world_retriever, config, **settings)
+    for demo, same, record in zip(demos, same_demos, records):
+        _, forks = turn_texts_and_decisions(smollm2_tokenizer, demo, weight=15.0)
+        (fork,) = np.flatnonzero(demo.nll_weights == 15.0)
+        assert forks == (["."] if len(hops_of(record)) == 1 else [","])
+        assert demo.turn_spans[0][0] <= fork < demo.turn_spans[0][1]
+        assert same.nll_weights[fork] == 5.0  # a decision token without plan_weight
+        others = np.arange(len(demo.nll_weights)) != fork
+        np.testing.assert_array_equal(demo.nll_weights[others], same.nll_weights[others])
+        np.testing.assert_array_equal(demo.token_ids, same.token_ids)
 
 
 def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):

@@ -16,20 +16,20 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    signal. The teacher states its plan, and plans part where the question kinds differ: a 1-hop plan ends
    after its query ("I need to search for X birthplace."), a 2-hop plan goes on (", then its country, then
    answer."), and each thought after a search restates the plan's next clause, so what the model does
-   after a search follows its plan (the lazy echo of ``env/teacher.py``). On 30% of 2-hop questions the
-   teacher hesitates (", then answer.", and it answers after one hop); the tokens where plans part weigh
-   5x in the NLL. After 12 steps the warm start writes "." on 1-hop and "," on most 2-hop questions, but
-   rarely " its" after ", then": it can chain searches and rarely does.
+   after a search follows its plan (the lazy echo of ``env/teacher.py``). On a quarter of the 2-hop
+   demonstrations (15 of 60) the teacher hesitates (", then answer.", and it answers after one hop); the
+   tokens where plans part weigh 5x in the NLL. After 12 steps the warm start writes "." on 1-hop and ","
+   on most 2-hop questions, but rarely " its" after ", then": it can chain searches and rarely does.
 4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on 2-hop training questions that were
    never demonstrated; a line per iteration (reward, EM, searches, tokens/s). It credits only what each
    episode's first turn generated after its first ", then" (``--rl-trained-turns 1 --rl-credit-after ",
    then"``): " its" or " answer" and the first query. The "," that tells the kinds apart stays the warm
    start's, so the update that makes 2-hop questions search twice does not reach 1-hop ones (crediting the
    "," too, or every turn, spread the second search to 1-hop questions in every earlier recipe). Measured
-   on 2 cores (seed 0, 686 s): held-out 2-hop EM 0.06 -> 0.30 (paired gain +0.24 [0.12, 0.38]), 1-hop
-   0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Not yet robust to the seed: with ``--seed 1`` the warm start
-   rarely plans a second hop and RL gains nothing. Every recipe tried, with its numbers:
-   ``docs/main_job.md``.
+   on 2 cores (seed 0, 603-686 s): held-out 2-hop EM 0.06 -> 0.30 (paired gain +0.24 [0.12, 0.38]),
+   1-hop 0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Not yet robust to the seed: with ``--seed 1`` no recipe
+   tried so far both lifts 2-hop by 0.2 and keeps 1-hop (the warm start rarely plans a second hop, or RL's
+   second search reaches 1-hop questions too). Every recipe tried, with its numbers: ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
@@ -76,9 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--early-answer",
         type=float,
-        default=0.3,
-        help="fraction of 2-hop demonstrations in which the teacher answers after the first hop (a hesitant "
-        "teacher: the warm start knows how to chain searches, not when)",
+        default=0.25,
+        help="fraction of 2-hop demonstrations in which the teacher answers after the first hop, exactly "
+        "round(p x n) of them (a hesitant teacher: the warm start knows how to chain searches, not when)",
     )
     p.add_argument(
         "--lazy-plan",
@@ -105,6 +105,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "else after each search (' Next' or '</think>')); 1: plain NLL",
     )
     p.add_argument(
+        "--plan-weight",
+        type=float,
+        help="SFT weight of the plan's first decision token, where it says whether it goes on ('.' or ','), "
+        "instead of --decision-weight",
+    )
+    p.add_argument(
         "--warm-start",
         help="a Hugging Face model directory to start GRPO from (an earlier run's warm_start_model): skips "
         "the evaluation before training and the SFT stage",
@@ -112,6 +118,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-steps", type=int, default=12)
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
+    p.add_argument(
+        "--sft-lr-decay",
+        choices=("constant", "linear"),
+        default="constant",
+        help="SFT learning rate: constant, or linear to 0 at the last step (where the warm start ends then "
+        "depends less on which demonstrations its last batches drew)",
+    )
     p.add_argument("--rl-iterations", type=int, default=6)
     p.add_argument("--prompts", type=int, default=2, help="questions per GRPO iteration")
     p.add_argument("--rl-two-hop", type=int, default=300, help="2-hop questions in the RL set")
@@ -272,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             lazy_plan=args.lazy_plan,
             decision_weight=args.decision_weight,
             echo_plan=args.echo_plan,
+            plan_weight=args.plan_weight,
         )
         say(
             f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
@@ -284,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sft_config = (
             base_config(SearchSFTConfig, args.model, by_hops[1])
-            .training(lr=args.sft_lr, micro_batch_size=args.micro_batch)
+            .training(
+                lr=args.sft_lr,
+                micro_batch_size=args.micro_batch,
+                lr_decay=args.sft_lr_decay,
+                total_training_steps=args.sft_steps,
+            )
             .sft(demonstrations=demos, sft_batch_size=args.sft_batch)
         )
         sft = sft_config.build_algo()
