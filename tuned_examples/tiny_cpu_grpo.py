@@ -28,8 +28,8 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    "," too, or every turn, spread the second search to 1-hop questions in every earlier recipe). Measured
    on 2 cores (seed 0, 603-686 s): held-out 2-hop EM 0.06 -> 0.30 (paired gain +0.24 [0.12, 0.38]),
    1-hop 0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Not yet robust to the seed: ``--seed 2`` gains +0.40
-   [0.26, 0.56] on 2-hop from a weaker warm start, but with ``--seed 1`` no recipe tried so far both lifts
-   2-hop by 0.2 and keeps 1-hop (the warm start rarely plans a second hop, or RL's
+   [0.26, 0.56] on 2-hop from a weaker warm start, ``--seed 3`` does not, and with ``--seed 1`` no recipe
+   tried so far both lifts 2-hop by 0.2 and keeps 1-hop (the warm start rarely plans a second hop, or RL's
    second search reaches 1-hop questions too). Every recipe tried, with its numbers: ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
