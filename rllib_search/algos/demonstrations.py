@@ -80,10 +80,11 @@ def teacher_rollouts(
             positions = decision_tokens(rollout, record, teacher, tokenizer)
             rollout.nll_weights = rollout.loss_mask.astype(np.float32)
             rollout.nll_weights[positions] = decision_weight
-            first_turn_start, first_turn_end = rollout.turn_spans[0]
-            in_first_turn = [p for p in positions if first_turn_start <= p < first_turn_end]
-            if plan_weight is not None and in_first_turn:
-                rollout.nll_weights[in_first_turn[0]] = plan_weight
+            if plan_weight is not None:
+                start, end = rollout.turn_spans[0]
+                plan_fork = next((p for p in positions if start <= p < end), None)  # positions are sorted
+                if plan_fork is not None:
+                    rollout.nll_weights[plan_fork] = plan_weight
     return rollouts
 
 
