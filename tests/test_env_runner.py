@@ -259,3 +259,29 @@ def test_stratified_sampler_walks_each_stratum_in_its_own_shuffle():
         for start in range(0, len(mine) - size + 1, size):  # every pass over a stratum holds each member once
             assert sorted(mine[start : start + size]) == [i for i, x in enumerate(labels) if x == kind]
     assert sampler.epoch == 4  # "b" (2 members, 10 draws) is on its fifth pass
+
+
+def test_a_proportional_stratified_sampler_gives_every_batch_the_strata_mix():
+    """Strata of 60, 45 and 15 (the main job's 1-hop, 2-hop and early-answered 2-hop demonstrations): every
+    8 consecutive draws hold 4, 3 and 1, each stratum walks its own shuffle, and a restored state goes on
+    exactly where the original would."""
+    from rllib_search.algos.shuffled_sampler import StratifiedSampler
+
+    labels = ["one"] * 60 + ["two"] * 45 + ["early"] * 15
+    sampler = StratifiedSampler(labels, np.random.default_rng(3), proportional=True)
+    drawn = sampler.take(240)  # two passes over the demonstrations
+    for start in range(0, 240, 8):
+        batch = [labels[i] for i in drawn[start : start + 8]]
+        assert (batch.count("one"), batch.count("two"), batch.count("early")) == (4, 3, 1)
+    for kind in ("one", "two", "early"):
+        members = [i for i, x in enumerate(labels) if x == kind]
+        mine = [i for i in drawn if labels[i] == kind]
+        assert sorted(mine[: len(members)]) == members == sorted(mine[len(members) :])  # a pass each
+        assert mine[: len(members)] != mine[len(members) :]  # reshuffled between passes
+    state = sampler.get_state()
+    expected = sampler.take(13)
+    restored = StratifiedSampler(labels, np.random.default_rng(99), proportional=True)
+    restored.set_state(state)
+    assert restored.take(13) == expected
+    uneven = StratifiedSampler(["a"] * 5 + ["b"] * 2, np.random.default_rng(0), proportional=True)
+    assert [("a" if i < 5 else "b") for i in uneven.take(7)].count("b") == 2  # sizes that do not divide

@@ -192,6 +192,30 @@ def test_sft_learns_the_demonstrated_tokens_only(ray_cluster, model_dir, world, 
     algo.stop()
 
 
+def test_sft_balance_by_gives_every_batch_the_labels_mix(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    """``sft(balance_by=labels)``: each batch holds the labels in the demonstrations' proportions (6 "a" and 2
+    "b" give 3 and 1 of every 4), and a checkpointed state resumes the same draws."""
+    labels = ["b" if i % 4 == 0 else "a" for i in range(len(demonstrations))]
+    label_of = {d.uid: label for d, label in zip(demonstrations, labels, strict=True)}
+    assert len(label_of) == len(demonstrations)  # one question each
+    config = make_config(SearchSFTConfig, model_dir, world, corpus).sft(
+        demonstrations=demonstrations, sft_batch_size=4, balance_by=labels
+    )
+    algo = config.build_algo()
+    for _ in range(4):
+        batch = [label_of[d.uid] for d in algo.next_demonstrations()]
+        assert sorted(batch) == ["a", "a", "a", "b"]
+    state = algo.get_state()
+    expected = [d.uid for d in algo.next_demonstrations()]
+    algo.set_state(state)
+    assert [d.uid for d in algo.next_demonstrations()] == expected
+    algo.stop()
+    with pytest.raises(ValueError, match="one label per demonstration"):
+        config.copy(copy_frozen=False).sft(balance_by=labels[:-1]).validate()
+
+
 def test_sft_weights_each_tokens_nll_by_its_nll_weight(ray_cluster, model_dir, world, corpus):
     """Decision-token weights: the SFT loss is the masked mean of the weighted NLL, and one update raises
     the up-weighted tokens' log-probs more than the same update without weights does."""

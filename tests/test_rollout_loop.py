@@ -11,7 +11,7 @@ from rllib_search.algos.rollout_loop import roll_out
 from rllib_search.algos.scripted_rollout import run_scripted_rollouts
 from rllib_search.algos.shuffled_sampler import ShuffledSampler
 from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-from rllib_search.env.teacher import TeacherPolicy, hops_of
+from rllib_search.env.teacher import TeacherPolicy, hops_of, later_relations
 from rllib_search.serve.bm25 import BM25Retriever
 
 
@@ -126,6 +126,18 @@ def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop
         draws[seed] = (independent, sum(teacher.answers_early(r) for r in multi))
     assert {fixed for _, fixed in draws.values()} == {round(0.3 * len(multi))}
     assert len({independent for independent, _ in draws.values()}) > 1
+    kinds: dict[tuple[str, ...], list] = {}  # ... spread over the kinds of question (what later hops ask)
+    for record in multi:
+        kinds.setdefault(later_relations(record), []).append(record)
+    assert len(kinds) >= 3 and all(kind and "" not in kind for kind in kinds)
+    count = round(0.3 * len(multi))
+    for seed in range(8):
+        teacher = TeacherPolicy(None, early_answer=0.3, seed=seed)
+        teacher.hesitate_on(multi, by_kind=True)
+        assert sum(teacher.answers_early(r) for r in multi) == count
+        for members in kinds.values():
+            early_in_kind = sum(teacher.answers_early(r) for r in members)
+            assert abs(early_in_kind - len(members) * count / len(multi)) < 1
     with pytest.raises(ValueError, match="early_answer"):
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, early_answer=1.5)
 

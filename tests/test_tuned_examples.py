@@ -33,7 +33,8 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--sft-steps", "2", "--sft-batch", "4", "--rl-iterations", "2", "--eval-questions", "2"),
         *("--demonstrations", "6", "--two-hop-demonstrations", "2", "--prompts", "2", "--group-size", "2"),
         *("--max-turn-tokens", "12", "--state-plan", "--early-answer", "0.5", "--no-scale-by-std"),
-        *("--plan-weight", "8", "--sft-lr-decay", "linear"),
+        *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
+        *("--rl-one-hop", "4", "--rl-balance-hops"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -42,7 +43,9 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [row["stage"] for row in summary["evaluation"]] == ["before", "after warm start", "after RL"]
     assert len(summary["grpo"]) == 2
-    assert summary["settings"]["plan_weight"] == 8 and summary["settings"]["sft_lr_decay"] == "linear"
+    settings = summary["settings"]
+    assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
+    assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
     stages = summary["em"]

@@ -16,7 +16,7 @@ from ray.rllib.utils.metrics import LEARNER_RESULTS, LEARNER_UPDATE_TIMER, TIMER
 
 from rllib_search.algos.algorithm import SearchAlgorithm, train_batch
 from rllib_search.algos.rollout import Rollout
-from rllib_search.algos.shuffled_sampler import ShuffledSampler
+from rllib_search.algos.shuffled_sampler import ShuffledSampler, StratifiedSampler
 
 if TYPE_CHECKING:
     from rllib_search.algos.configs import (
@@ -53,7 +53,8 @@ class SearchReinforcePP(SearchAlgorithm):
 
 class SearchSFT(SearchAlgorithm):
     """Masked SFT: each training step takes the next ``sft_batch_size`` demonstrations (reshuffled every
-    epoch, seeded, position checkpointed) through the same learner update as RL."""
+    epoch, seeded, position checkpointed; with ``sft(balance_by=...)`` each batch in the labels'
+    proportions) through the same learner update as RL."""
 
     @classmethod
     def get_default_config(cls) -> SearchSFTConfig:
@@ -63,8 +64,13 @@ class SearchSFT(SearchAlgorithm):
 
     def setup(self, config: Any) -> None:
         super().setup(config)
-        demos = len(self.config.demonstrations)
-        self._sft_sampler = ShuffledSampler(demos, np.random.default_rng(self.config.seed or 0))
+        rng = np.random.default_rng(self.config.seed or 0)
+        labels = self.config.sft_balance_by
+        self._sft_sampler: ShuffledSampler | StratifiedSampler = (
+            ShuffledSampler(len(self.config.demonstrations), rng)
+            if labels is None
+            else StratifiedSampler(labels, rng, proportional=True)
+        )
 
     def next_demonstrations(self) -> list[Rollout]:
         chosen = self._sft_sampler.take(int(self.config.sft_batch_size))

@@ -15,6 +15,7 @@ param_space=config)`` and ``algo.save_to_path`` / ``Algorithm.from_checkpoint`` 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import NotProvided
@@ -70,15 +71,24 @@ class SearchSFTConfig(SearchConfig):
         self.lr = 5e-5
         self.demonstrations: list[Rollout] = []
         self.sft_batch_size = 8
+        self.sft_balance_by: list[Hashable] | None = None
 
     def sft(
-        self, *, demonstrations: list[Rollout] | Any = NotProvided, sft_batch_size: int | Any = NotProvided
+        self,
+        *,
+        demonstrations: list[Rollout] | Any = NotProvided,
+        sft_batch_size: int | Any = NotProvided,
+        balance_by: Sequence[Hashable] | Any | None = NotProvided,
     ) -> SearchSFTConfig:
-        """``demonstrations`` (Rollout records) and ``sft_batch_size`` episodes per training step."""
+        """``demonstrations`` (Rollout records) and ``sft_batch_size`` episodes per training step;
+        ``balance_by``: a label per demonstration (e.g. its hop count and searches), and every batch then
+        holds the labels in the demonstrations' proportions (see ``StratifiedSampler``); None: one shuffle."""
         if demonstrations is not NotProvided:
             self.demonstrations = list(demonstrations)
         if sft_batch_size is not NotProvided:
             self.sft_batch_size = sft_batch_size
+        if balance_by is not NotProvided:
+            self.sft_balance_by = None if balance_by is None else list(balance_by)
         return self
 
     def validate(self) -> None:
@@ -89,3 +99,8 @@ class SearchSFTConfig(SearchConfig):
             raise ValueError("SearchSFTConfig needs demonstrations: config.sft(demonstrations=[...])")
         if int(self.sft_batch_size) < 1:
             raise ValueError("sft_batch_size must be at least 1")
+        if self.sft_balance_by is not None and len(self.sft_balance_by) != len(self.demonstrations):
+            raise ValueError(
+                f"sft(balance_by=...) needs one label per demonstration: {len(self.sft_balance_by)} labels, "
+                f"{len(self.demonstrations)} demonstrations"
+            )

@@ -52,11 +52,13 @@ def teacher_rollouts(
     decision_weight: float = 1.0,
     echo_plan: bool = False,
     plan_weight: float | None = None,
+    hesitate_by_kind: bool = False,
 ) -> list[Rollout]:
     """One teacher episode per record (in order), as Rollouts with group id ``demo:<uid>``;
     ``state_plan``: the teacher's first thought names every hop; ``early_answer``: the fraction of the
     records' multi-hop questions it answers after the first hop (exactly round(p x n), chosen by uid and
-    ``seed``); ``lazy_plan``: its plan says so and ``echo_plan``: each thought after an observation
+    ``seed``; ``hesitate_by_kind``: spread over the kinds of question, see ``TeacherPolicy.hesitate_on``);
+    ``lazy_plan``: its plan says so and ``echo_plan``: each thought after an observation
     restates the plan's next clause (see ``TeacherPolicy``); ``decision_weight``: the NLL weight of
     decision tokens (1: plain); ``plan_weight``: that of the first turn's first decision token instead,
     where a stated plan says whether it goes on ("." or ",") (None: ``decision_weight``)."""
@@ -64,7 +66,7 @@ def teacher_rollouts(
     teacher = TeacherPolicy(
         protocol, state_plan, early_answer, seed, lazy_plan=lazy_plan, echo_plan=echo_plan
     )
-    teacher.hesitate_on(records)
+    teacher.hesitate_on(records, by_kind=hesitate_by_kind)
     policy = ScriptedPolicy("teacher", protocol, tokenizer, seed=seed, teacher=teacher)
     rollouts: list[Rollout] = []
     for offset in range(0, len(records), batch_size):

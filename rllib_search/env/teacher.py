@@ -83,16 +83,30 @@ class TeacherPolicy:
         self.echo_plan = echo_plan
         self._fixed_early: dict[str, bool] = {}
 
-    def hesitate_on(self, records: Sequence[QARecord]) -> None:
+    def hesitate_on(self, records: Sequence[QARecord], by_kind: bool = False) -> None:
         """Answer early on exactly round(``early_answer`` x n) of the n multi-hop questions in ``records``
-        (those whose hash of uid and seed is lowest) rather than on each with that chance. Why: the warm
+        rather than on each with that chance: those with the lowest hash of uid and seed. Why: the warm
         start's chance of a second hop is steep in the realised rate, and independent draws gave 15 to 24
         of the main job's 60 two-hop demonstrations at p = 0.3 over seeds 0-3. Other questions keep the
-        independent draw."""
+        independent draw.
+
+        ``by_kind``: spread them over the kinds of question. The questions are ordered by what their later
+        hops ask (``later_relations``: "country", "alma mater", ...), then by the hash, and every (1/p)-th
+        from a seeded offset answers early, so each kind hesitates on round(p x its count) give or take
+        one. Why: chosen by hash alone the hesitation falls on kinds by chance (seed 2 of the main job: 3 of
+        3 "hometown" questions, 0 of 14 "alma mater" ones), which a model can learn as a rule per kind
+        rather than a rate."""
         multi = [record for record in records if len(hops_of(record)) >= 2]
         count = round(self.early_answer * len(multi))
-        ranked = sorted(multi, key=self._draw)
-        self._fixed_early = {record.uid: rank < count for rank, record in enumerate(ranked)}
+        if not by_kind:
+            ranked = sorted(multi, key=self._draw)
+            self._fixed_early = {record.uid: rank < count for rank, record in enumerate(ranked)}
+            return
+        ordered = sorted(multi, key=lambda record: (later_relations(record), self._draw(record)))
+        step = len(multi) / count if count else 0.0
+        offset = self._draw_text("hesitation offset")
+        early = {int((offset + k) * step) for k in range(count)}  # count distinct indices below len(multi)
+        self._fixed_early = {record.uid: rank in early for rank, record in enumerate(ordered)}
 
     def answers_early(self, record: QARecord) -> bool:
         """Whether this teacher stops after the first hop of ``record`` (multi-hop questions only)."""
@@ -104,7 +118,11 @@ class TeacherPolicy:
 
     def _draw(self, record: QARecord) -> float:
         """A number in [0, 1) fixed by the question's uid and this teacher's seed."""
-        digest = hashlib.sha256(f"{self.seed}:{record.uid}".encode()).digest()
+        return self._draw_text(record.uid)
+
+    def _draw_text(self, text: str) -> float:
+        """A number in [0, 1) fixed by ``text`` and this teacher's seed."""
+        digest = hashlib.sha256(f"{self.seed}:{text}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64
 
     def segment(self, record: QARecord, turn: int, retrieved_blocks: Sequence[str]) -> str:
@@ -212,6 +230,18 @@ class TeacherPolicy:
             if found is not None and found not in quoted:
                 quoted.append(found.strip())
         return " ".join(quoted) if quoted else "No relevant information was found."
+
+
+def later_relations(record: QARecord) -> tuple[str, ...]:
+    """What each hop after the first asks of the entity the hop before found: "Halbryn country" after
+    "Halbryn" asks "country" (the whole query where it does not start with that entity)."""
+    hops = hops_of(record)
+    return tuple(
+        hop["query"][len(before["answer"]) :].strip()
+        if hop["query"].startswith(before["answer"])
+        else hop["query"]
+        for before, hop in pairwise(hops)
+    )
 
 
 def hops_of(record: QARecord) -> list[dict[str, str]]:
