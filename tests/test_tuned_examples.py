@@ -34,7 +34,8 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--demonstrations", "6", "--two-hop-demonstrations", "2", "--prompts", "2", "--group-size", "2"),
         *("--max-turn-tokens", "12", "--state-plan", "--early-answer", "0.5", "--no-scale-by-std"),
         *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
-        *("--rl-one-hop", "4", "--rl-balance-hops"),
+        *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
+        *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -46,6 +47,15 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     settings = summary["settings"]
     assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
     assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
+    assert settings["lambda_retrieval"] == 0.1
+    # --sft-fork-window: the forks read after every step until they lie in the window or step 2 is done.
+    read = summary["sft_forks"]
+    assert [row["step"] for row in read] == list(range(1, summary["sft_steps_run"] + 1))
+    assert summary["sft_steps_run"] == 2 or read[-1]["in_window"]
+    assert not any(row["in_window"] for row in read[:-1])
+    for row in read:
+        assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
+    assert f"sft step   {summary['sft_steps_run']}/2" in done.stdout and "forks: P(',')" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
     stages = summary["em"]

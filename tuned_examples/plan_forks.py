@@ -4,12 +4,13 @@
 
 The main job's teacher states its plan ("I need to search for X birthplace" then "." on a 1-hop question,
 ", then its country, then answer." on a 2-hop one, ", then answer." where it hesitates), so a warm start
-decides how many hops to make at two tokens: "," against "." right after the first query, and " its" against
-" answer" after ", then". This reads the model's probabilities there, the question's prompt and the
-teacher's plan up to each fork fed as token ids, for the first ``--questions`` held-out questions of each
-hop count. Use it to check a warm start before spending RL on it (``docs/main_job.md``): RL can lift the
-second search on 2-hop questions without touching 1-hop ones when the kinds part at "," (low on 1-hop,
-high on 2-hop questions) and " its" is sampled sometimes but not chosen greedily on 2-hop questions.
+decides how many hops to make at two tokens: "," against "." right after the first query, and " its"
+against " answer" after ", then". This reads the model's probabilities there (``algos/plan_forks.py``),
+the question's prompt and the teacher's plan up to each fork fed as token ids, for the first
+``--questions`` held-out questions of each hop count. Use it to check a warm start before spending RL on
+it (``docs/main_job.md``): RL can lift the second search on 2-hop questions without touching 1-hop ones
+when the kinds part at "," (low on 1-hop, high on 2-hop questions) and " its" is sampled sometimes but not
+chosen greedily on 2-hop questions.
 
 Prints one line per hop count and writes ``plan_forks.json`` beside the model (or to ``--out``).
 """
@@ -26,8 +27,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-FORKS = {"goes_on": (",", "."), "its": (" its", " answer")}  # each fork: (the token read, its alternative)
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,35 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def fork_probabilities(
-    model: Any, tokenizer: Any, prompt_ids: list[int], plan_prefix: str
-) -> dict[str, float]:
-    """P(first token | the fork's two first tokens) at each fork, after ``prompt_ids`` and the plan's text up
-    to the end of its first query (``plan_prefix``)."""
-    import torch
-
-    def next_token_probs(text: str) -> torch.Tensor:
-        ids = prompt_ids + tokenizer(text, add_special_tokens=False)["input_ids"]
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1]
-        return torch.softmax(logits.float(), -1)
-
-    contexts = {"goes_on": plan_prefix, "its": plan_prefix + ", then"}
-    result = {}
-    for fork, (chosen, other) in FORKS.items():
-        probs = next_token_probs(contexts[fork])
-        first = [tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (chosen, other)]
-        result[fork] = float(probs[first[0]] / (probs[first[0]] + probs[first[1]]))
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rllib_search.algos.plan_forks import FORKS, batch_fork_probabilities, fork_contexts, summarize_forks
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-    from rllib_search.env.teacher import TeacherPolicy, hops_of
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.recipes import embedded
 
@@ -76,29 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol))
-    teacher = TeacherPolicy(env.protocol, state_plan=True)
     test = embedded.embedded_world(args.world_seed).records("test")
     report: dict[str, Any] = {"model": str(args.model), "forks": {k: list(v) for k, v in FORKS.items()}}
     for hops in (1, 2):
         records = [r for r in test if r.extra["num_hops"] == hops][: args.questions]
-        rows = []
-        for record in records:
-            _, prompt_ids = env.render_prompt(record.question)
-            first_query = hops_of(record)[0]["query"]
-            plan = teacher.segment(record, 0, [])
-            opening = f"I need to search for {first_query}"
-            stop = plan.index(opening) + len(opening)
-            rows.append(fork_probabilities(model, tokenizer, prompt_ids, plan[:stop]))
-        summary = {
-            fork: {
-                "mean": sum(r[fork] for r in rows) / len(rows),
-                "above_half": sum(r[fork] > 0.5 for r in rows),
-            }
-            for fork in FORKS
-        }
-        report[f"{hops}hop"] = {"questions": len(rows), **summary}
+        contexts = fork_contexts(records, env, tokenizer)
+        summary = summarize_forks(batch_fork_probabilities(model, tokenizer, contexts))
+        report[f"{hops}hop"] = {"questions": len(contexts), **summary}
         print(
-            f"{hops}-hop ({len(rows)} questions): P(',' vs '.') {summary['goes_on']['mean']:.2f} "
+            f"{hops}-hop ({len(contexts)} questions): P(',' vs '.') {summary['goes_on']['mean']:.2f} "
             f"(above 0.5 on {summary['goes_on']['above_half']}), P(' its' vs ' answer' | ', then') "
             f"{summary['its']['mean']:.2f} (above 0.5 on {summary['its']['above_half']})",
             flush=True,

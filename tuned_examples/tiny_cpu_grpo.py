@@ -125,6 +125,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the evaluation before training and the SFT stage",
     )
     p.add_argument("--sft-steps", type=int, default=12)
+    p.add_argument(
+        "--sft-fork-window",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="stop SFT at the first step from --sft-fork-from on whose plan forks, read on 30 + 30 training "
+        "questions used nowhere else, lie in the window that leaves RL a second search to lift "
+        "(algos/plan_forks.py: ForkWindow); at most --sft-max-steps, else the last step's model",
+    )
+    p.add_argument("--sft-fork-from", type=int, default=10, help="with --sft-fork-window: first step read")
+    p.add_argument("--sft-max-steps", type=int, default=16, help="with --sft-fork-window: the last step")
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
     p.add_argument(
@@ -193,6 +203,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="divide GRPO advantages by the group's reward std (off: Dr. GRPO's unscaled advantages)",
     )
+    p.add_argument(
+        "--lambda-retrieval",
+        type=float,
+        default=0.0,
+        help="GRPO reward: the empirical study's λ_r, for a wrong answer whose retrieved passages hold a "
+        "gold answer (on a 2-hop question: a second search that found it)",
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument("--max-turn-tokens", type=int, default=48)
@@ -217,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
     from rllib_search.algos.evaluation import Estimate, paired_gain, score_predictions
-    from rllib_search.env.search_env import SearchEnvConfig
+    from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
+    from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.recipes import embedded
     from rllib_search.recipes.jobs import connect
@@ -257,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         "max_total_tokens": 1024,
     }
 
-    def base_config(cls: type, model: str, dataset: list) -> Any:
+    def base_config(cls: type, model: str, dataset: list, reward: dict | None = None) -> Any:
+        env_config = {"retriever": retriever_spec, "dataset": dataset, **env_settings}
+        if reward:
+            env_config["reward_config"] = reward
         return (
             cls()
-            .environment(ENV_ID, env_config={"retriever": retriever_spec, "dataset": dataset, **env_settings})
+            .environment(ENV_ID, env_config=env_config)
             .rl_module(model_config={"model": model})
             .rollouts(max_turn_tokens=args.max_turn_tokens, temperature=args.temperature)
             .debugging(seed=args.seed)
@@ -291,8 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     client = RetrieverClient.from_app(embedded.RETRIEVER_APP, timeout_s=60)
     tokenizer = load_tokenizer(args.model)
     demo_questions = by_hops[1][: args.demonstrations] + by_hops[2][: args.two_hop_demonstrations]
-    # RL questions: training questions of the chosen hop counts that were never demonstrated.
+    # Fork-window questions (--sft-fork-window): the last 30 training questions of each hop count.
+    fork_questions = {h: by_hops[h][-30:] for h in (1, 2)}
+    # RL questions: training questions of the chosen hop counts that were never demonstrated (nor read for
+    # the fork window).
     demonstrated = {record.uid for record in demo_questions}
+    demonstrated |= {record.uid for h in fork_questions for record in fork_questions[h]}
     undemonstrated = {h: [r for r in by_hops[h] if r.uid not in demonstrated] for h in (1, 2)}
     rl_questions = undemonstrated[2][: args.rl_two_hop] + undemonstrated[1][: args.rl_one_hop]
     demos = []
@@ -316,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.two_hop_demonstrations} 2-hop)"
         )
     table = []
+    sft_forks: list[dict[str, Any]] = []  # --sft-fork-window: the forks read at each step
+    sft_steps_run = 0
     if args.warm_start:
         warm_dir = Path(args.warm_start)
         say(f"warm start: {warm_dir} (no SFT here)")
@@ -326,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 lr=args.sft_lr,
                 micro_batch_size=args.micro_batch,
                 lr_decay=args.sft_lr_decay,
-                total_training_steps=args.sft_steps,
+                total_training_steps=args.sft_max_steps if args.sft_fork_window else args.sft_steps,
             )
             .sft(
                 demonstrations=demos,
@@ -338,9 +365,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         sft = sft_config.build_algo()
         table.append(evaluate(sft, "before"))
-        for step in range(1, args.sft_steps + 1):
+        last_step = args.sft_max_steps if args.sft_fork_window else args.sft_steps
+        if args.sft_fork_window:
+            window = ForkWindow()
+            fork_env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol))
+            contexts = {h: fork_contexts(fork_questions[h], fork_env, tokenizer) for h in fork_questions}
+        for step in range(1, last_step + 1):
             nll = sft.train()["learners"]["default_policy"]["sft_nll"]
-            say(f"sft step {step:3d}/{args.sft_steps}  nll {nll:.4f}")
+            line = f"sft step {step:3d}/{last_step}  nll {nll:.4f}"
+            if args.sft_fork_window and step >= args.sft_fork_from:
+                forks = sft.on_policy_module(lambda module: mean_forks(module.model, tokenizer, contexts))
+                inside = window.contains(forks)
+                sft_forks.append({"step": step, "forks": forks, "in_window": inside})
+                line += (
+                    f"  forks: P(',') 1-hop {forks[1]['goes_on']:.2f} 2-hop {forks[2]['goes_on']:.2f}, "
+                    f"P(' its') {forks[2]['its']:.2f}{'  in the window: SFT stops' if inside else ''}"
+                )
+                if inside:
+                    say(line)
+                    break
+            say(line)
+        sft_steps_run = step
         table.append(evaluate(sft, "after warm start"))
         warm_dir = sft.export(out / "warm_start_model")
         sft.stop()
@@ -348,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 4. GRPO from the warm start on 2-hop questions.
     grpo_config = (
-        base_config(SearchGRPOConfig, str(warm_dir), rl_questions)
+        base_config(
+            SearchGRPOConfig, str(warm_dir), rl_questions, reward={"lambda_retrieval": args.lambda_retrieval}
+        )
         .rl_module(model_config={"model": str(warm_dir), "train_top_layers": args.rl_top_layers})
         .rollouts(
             group_size=args.group_size,
@@ -425,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         "rl_gain_1hop": rl_gain["1hop"].value,
         "rl_gain_1hop_interval": [rl_gain["1hop"].low, rl_gain["1hop"].high],
         "rl_gain": gain.to_dict(),
+        "sft_steps_run": sft_steps_run,
+        "sft_forks": sft_forks,
         "grpo": history,
         "settings": {k: v for k, v in vars(args).items() if k != "metrics_port"},
         "checkpoint": str(checkpoint),

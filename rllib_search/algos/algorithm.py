@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -63,6 +64,7 @@ from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
 from rllib_search.algos.shuffled_sampler import ShuffledSampler
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 IN_FLIGHT = "one_step_off_sample"  # the tag of a launched one-step-off sample
@@ -509,15 +511,19 @@ class SearchAlgorithm(Algorithm):
             raise RuntimeError("evaluate_questions needs a local EnvRunner (num_env_runners=0)")
         return runner.rollout_records(records, temperature=temperature)
 
+    def on_policy_module(self, fn: Callable[[Any], T]) -> T:
+        """``fn(module)`` on the first learner's policy RLModule (unwrapped), where the trained weights
+        live; its result returned. ``fn`` must not change the weights."""
+
+        def call(learner: Any) -> T:
+            return fn(learner.module[DEFAULT_MODULE_ID].unwrapped())
+
+        options = {} if self.learner_group.is_local else {"remote_actor_ids": [0]}
+        return next(iter(self.learner_group.foreach_learner(call, **options))).get()
+
     def export(self, path: str | Path) -> Path:
         """Write the trained policy as a Hugging Face directory (model + tokenizer, LoRA merged)."""
         from rllib_search.algos.export import export_module
 
         target = str(Path(path).resolve())
-
-        def write(learner: Any) -> str:
-            return str(export_module(learner.module[DEFAULT_MODULE_ID].unwrapped(), target))
-
-        options = {} if self.learner_group.is_local else {"remote_actor_ids": [0]}
-        results = self.learner_group.foreach_learner(write, **options)
-        return Path(next(iter(results)).get())
+        return Path(self.on_policy_module(lambda module: str(export_module(module, target))))
