@@ -79,37 +79,57 @@ def fork_probabilities(model: Any, tokenizer: Any, context: ForkContext) -> dict
 def batch_fork_probabilities(
     model: Any, tokenizer: Any, contexts: Sequence[ForkContext], batch_size: int = 16
 ) -> list[dict[str, float]]:
-    """``fork_probabilities`` of each context, ``batch_size`` rows a forward pass (padded on the right, so
-    a causal model's logits at the forks are those of the row alone)."""
+    """``fork_probabilities`` of each context, ``batch_size`` rows a forward pass. The contexts' common
+    prefix (the protocol's instructions: about 60% of the main job's tokens) is read once and its KV cache
+    shared; the rows' rests are padded on the right, so a causal model's logits at the forks are those of
+    the row alone."""
+    import copy
+
     import torch
 
     chosen_other = {
         fork: [tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in pair]
         for fork, pair in FORKS.items()
     }
-    results = []
-    for start in range(0, len(contexts), batch_size):
-        rows = contexts[start : start + batch_size]
-        ids = [c.prompt_ids + c.plan_ids + c.then_ids for c in rows]
-        width = max(len(row) for row in ids)
-        input_ids = torch.zeros((len(ids), width), dtype=torch.long)
-        attention = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, row in enumerate(ids):
-            input_ids[i, : len(row)] = torch.tensor(row)
-            attention[i, : len(row)] = 1
+    ids = [c.prompt_ids + c.plan_ids + c.then_ids for c in contexts]
+    goes_on = [len(c.prompt_ids) + len(c.plan_ids) - 1 for c in contexts]  # predicts the token after the plan
+    shared = min(_common_prefix_length(ids), *goes_on) if ids else 0  # each fork read past the prefix
+    cache = None
+    if shared:
         with torch.no_grad():
-            logits = model(input_ids=input_ids, attention_mask=attention).logits
-        for i, (context, row) in enumerate(zip(rows, ids, strict=True)):
-            positions = {  # the logits that predict the token after the plan, and after ", then"
-                "goes_on": len(context.prompt_ids) + len(context.plan_ids) - 1,
-                "its": len(row) - 1,
-            }
+            cache = model(input_ids=torch.tensor([ids[0][:shared]]), use_cache=True).past_key_values
+    results = []
+    for start in range(0, len(ids), batch_size):
+        rows = [row[shared:] for row in ids[start : start + batch_size]]
+        width = max(len(row) for row in rows)
+        input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        attention[:, :shared] = 1
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = torch.tensor(row)
+            attention[i, shared : shared + len(row)] = 1
+        past = None
+        if cache is not None:
+            past = copy.deepcopy(cache)  # the forward pass appends to it
+            past.batch_repeat_interleave(len(rows))
+        with torch.no_grad():
+            logits = model(input_ids=input_ids, attention_mask=attention, past_key_values=past).logits
+        for i, row in enumerate(rows):
+            positions = {"goes_on": goes_on[start + i] - shared, "its": len(row) - 1}
             result = {}
             for fork, (chosen, other) in chosen_other.items():
                 probs = torch.softmax(logits[i, positions[fork]].float(), -1)
                 result[fork] = float(probs[chosen] / (probs[chosen] + probs[other]))
             results.append(result)
     return results
+
+
+def _common_prefix_length(rows: Sequence[list[int]]) -> int:
+    first = rows[0]
+    length = min(len(row) for row in rows)
+    for row in rows[1:]:
+        length = next((i for i in range(length) if row[i] != first[i]), length)
+    return length
 
 
 def summarize_forks(rows: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
