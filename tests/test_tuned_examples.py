@@ -56,6 +56,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     for row in read:
         assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
     assert f"sft step   {summary['sft_steps_run']}/2" in done.stdout and "forks: P(',')" in done.stdout
+    assert read[-1]["in_window"] or "never in the window" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
     stages = summary["em"]

@@ -30,8 +30,11 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    1-hop 0.92 -> 0.88 (-0.04 [-0.12, 0.04]). Not yet robust to the seed: of seeds 0-5 the goal (2-hop
    +0.2, interval above 0, 1-hop kept) holds for 0 and 2 (``--seed 2``: +0.40 [0.26, 0.56] on 2-hop from a
    weaker warm start), not for 1, 3, 4 and 5 (the warm start rarely plans a second hop, or already does
-   on 1-hop questions too, or RL's second search reaches them). Every recipe tried, with its numbers:
-   ``docs/main_job.md``.
+   on 1-hop questions too, or RL's second search reaches them). Every SFT batch moves the plan's forks,
+   so the step SFT ends on decides the warm start: ``--sft-fork-window`` (off: up to ~860 s) stops
+   SFT at the first step from 10 whose forks (``algos/plan_forks.py``, read on 30 + 30 training questions
+   used nowhere else) leave RL a second search to lift; seeds 1 and 4 then gain +0.42 and +0.20 on 2-hop.
+   Every recipe tried, with its numbers: ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
    and its interval), a table, a checkpoint (``save_to_path``), a Hugging Face export, ``summary.json``,
@@ -223,6 +226,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
         args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
+        args.sft_fork_from, args.sft_max_steps = 1, 1
+    if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
+        p.error(
+            f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
+        )
     return args
 
 
@@ -384,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                 if inside:
                     say(line)
                     break
+                if step == last_step:
+                    line += "  (never in the window: the last step's model is kept)"
             say(line)
         sft_steps_run = step
         table.append(evaluate(sft, "after warm start"))

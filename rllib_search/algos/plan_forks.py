@@ -91,13 +91,15 @@ def batch_fork_probabilities(
         fork: [tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in pair]
         for fork, pair in FORKS.items()
     }
+    device = next(model.parameters()).device  # the learner's GPU when there is one
     ids = [c.prompt_ids + c.plan_ids + c.then_ids for c in contexts]
     goes_on = [len(c.prompt_ids) + len(c.plan_ids) - 1 for c in contexts]  # predicts the token after the plan
     shared = min(_common_prefix_length(ids), *goes_on) if ids else 0  # each fork read past the prefix
     cache = None
     if shared:
         with torch.no_grad():
-            cache = model(input_ids=torch.tensor([ids[0][:shared]]), use_cache=True).past_key_values
+            prefix = torch.tensor([ids[0][:shared]], device=device)
+            cache = model(input_ids=prefix, use_cache=True).past_key_values
     results = []
     for start in range(0, len(ids), batch_size):
         rows = [row[shared:] for row in ids[start : start + batch_size]]
@@ -113,7 +115,9 @@ def batch_fork_probabilities(
             past = copy.deepcopy(cache)  # the forward pass appends to it
             past.batch_repeat_interleave(len(rows))
         with torch.no_grad():
-            logits = model(input_ids=input_ids, attention_mask=attention, past_key_values=past).logits
+            logits = model(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=past
+            ).logits
         for i, row in enumerate(rows):
             positions = {"goes_on": goes_on[start + i] - shared, "its": len(row) - 1}
             result = {}
