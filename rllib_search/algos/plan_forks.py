@@ -11,7 +11,7 @@ every question of the embedded world with SmolLM2's tokenizer).
 
 RL can lift the second search on 2-hop questions without touching 1-hop ones when the kinds part at ","
 (low on 1-hop, high on 2-hop questions) and " its" is sampled sometimes but not chosen greedily
-(``docs/main_job.md``); ``in_window`` says whether a warm start is there.
+(``docs/main_job.md``); ``ForkWindow.contains`` says whether a warm start is there.
 """
 
 from __future__ import annotations
