@@ -285,3 +285,42 @@ def test_a_proportional_stratified_sampler_gives_every_batch_the_strata_mix():
     assert restored.take(13) == expected
     uneven = StratifiedSampler(["a"] * 5 + ["b"] * 2, np.random.default_rng(0), proportional=True)
     assert [("a" if i < 5 else "b") for i in uneven.take(7)].count("b") == 2  # sizes that do not divide
+
+
+class ParamsRecordingEngine(PrefixCachingHFEngine):
+    """The runner's own engine class, keeping the sampling parameters of each generate call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.params: list[SamplingParams] = []
+
+    def generate(self, prefixes, params, max_new_tokens=None):
+        self.params.append(params)
+        return super().generate(prefixes, params, max_new_tokens)
+
+
+def test_turns_after_the_trained_ones_run_at_the_execution_temperature(tiny_model_dir, world, retriever):
+    """``rollouts(execution_temperature=0)`` with ``trained_turns=1``: the first turn is sampled at the
+    temperature, every later one greedily (each of its tokens the model's argmax after the prefix)."""
+    import torch
+
+    config = make_config(tiny_model_dir, world.train, retriever, temperature=1.0, execution_temperature=0.0)
+    with pytest.raises(ValueError, match="needs training"):
+        config.validate_rollouts()
+    config.training(trained_turns=1)
+    runner = LLMEnvRunner(config=config)
+    runner.engine = ParamsRecordingEngine(runner.module.model, runner.tokenizer)
+    rollouts = runner.sample()
+    temperatures = [params.temperature for params in runner.engine.params]
+    assert len(temperatures) >= 2 and temperatures[0] == 1.0 and set(temperatures[1:]) == {0.0}
+    model = runner.module.model.eval()
+    later = first_not_greedy = 0
+    for rollout in rollouts:
+        with torch.no_grad():
+            best = model(torch.as_tensor(rollout.token_ids)[None]).logits[0].argmax(-1).numpy()
+        (start, end), *rest = rollout.turn_spans
+        first_not_greedy += int((rollout.token_ids[start:end] != best[start - 1 : end - 1]).any())
+        for start, end in rest:
+            np.testing.assert_array_equal(rollout.token_ids[start:end], best[start - 1 : end - 1])
+            later += end - start
+    assert later > 0 and first_not_greedy > 0  # the first turns were sampled, not greedy

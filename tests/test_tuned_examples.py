@@ -36,6 +36,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
         *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
+        *("--fork-calibration", "--calibration-steps", "2"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -57,6 +58,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
     assert f"sft step   {summary['sft_steps_run']}/2" in done.stdout and "forks: P(',')" in done.stdout
     assert read[-1]["in_window"] or "never in the window" in done.stdout
+    # --fork-calibration: steps after SFT, each read, until in the window or step 2 is done.
+    calibration = summary["fork_calibration"]
+    assert [row["step"] for row in calibration] == list(range(1, len(calibration) + 1))
+    assert len(calibration) == 2 or calibration[-1]["in_window"]
+    assert "fork calibration: " in done.stdout and f"calibration step {len(calibration)}/2" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
     stages = summary["em"]

@@ -138,6 +138,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--sft-fork-from", type=int, default=10, help="with --sft-fork-window: first step read")
     p.add_argument("--sft-max-steps", type=int, default=16, help="with --sft-fork-window: the last step")
+    p.add_argument(
+        "--fork-calibration",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="after SFT, calibrate the plan's forks (algos/fork_calibration.py: the teacher's first turns "
+        "with P(' its') as a soft target, no momentum) until, read on 30 + 30 training questions used "
+        "nowhere else, they lie in the fork window",
+    )
+    p.add_argument("--calibration-its", type=float, default=0.3, help="the calibration's target P(' its')")
+    p.add_argument("--calibration-lr", type=float, default=4e-5, help="the calibration's learning rate")
+    p.add_argument("--calibration-steps", type=int, default=8, help="the calibration's most steps")
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
     p.add_argument(
@@ -214,6 +225,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "gold answer (on a 2-hop question: a second search that found it)",
     )
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument(
+        "--execution-temperature",
+        type=float,
+        help="GRPO: the temperature of the turns after --rl-trained-turns (the search and answer turns the "
+        "loss does not credit), 0: greedy, as held-out evaluation runs them (default: --temperature; with "
+        "--rl-trained-turns 0 every turn is credited and sampled at --temperature)",
+    )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument("--max-turn-tokens", type=int, default=48)
     p.add_argument("--micro-batch", type=int, default=4)
@@ -223,10 +241,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.rl_trained_turns = args.rl_trained_turns or None  # 0: every turn
     args.rl_credit_after = args.rl_credit_after or None  # '': every generated token
+    if args.rl_trained_turns is None:  # every turn is credited, so every turn is sampled at --temperature
+        args.execution_temperature = None
     if args.smoke:
         args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
         args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
-        args.sft_fork_from, args.sft_max_steps = 1, 1
+        args.sft_fork_from, args.sft_max_steps, args.calibration_steps = 1, 1, 1
     if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
         p.error(
             f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
@@ -242,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
     from rllib_search.algos.evaluation import Estimate, paired_gain, score_predictions
+    from rllib_search.algos.fork_calibration import (
+        ForkCalibration,
+        calibrate_forks,
+        calibration_demonstrations,
+    )
     from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
@@ -320,10 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     client = RetrieverClient.from_app(embedded.RETRIEVER_APP, timeout_s=60)
     tokenizer = load_tokenizer(args.model)
     demo_questions = by_hops[1][: args.demonstrations] + by_hops[2][: args.two_hop_demonstrations]
-    # Fork-window questions (--sft-fork-window): the last 30 training questions of each hop count.
+    # Fork-reading questions (--sft-fork-window, --fork-calibration): the last 30 training questions of each
+    # hop count.
     fork_questions = {h: by_hops[h][-30:] for h in (1, 2)}
     # RL questions: training questions of the chosen hop counts that were never demonstrated (nor read for
-    # the fork window).
+    # the forks).
     demonstrated = {record.uid for record in demo_questions}
     demonstrated |= {record.uid for h in fork_questions for record in fork_questions[h]}
     undemonstrated = {h: [r for r in by_hops[h] if r.uid not in demonstrated] for h in (1, 2)}
@@ -350,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     table = []
     sft_forks: list[dict[str, Any]] = []  # --sft-fork-window: the forks read at each step
+    calibration: list[dict[str, Any]] = []  # --fork-calibration: each step's NLL and forks
     sft_steps_run = 0
     if args.warm_start:
         warm_dir = Path(args.warm_start)
@@ -374,21 +401,27 @@ def main(argv: list[str] | None = None) -> int:
         sft = sft_config.build_algo()
         table.append(evaluate(sft, "before"))
         last_step = args.sft_max_steps if args.sft_fork_window else args.sft_steps
-        if args.sft_fork_window:
-            window = ForkWindow()
-            fork_env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol))
-            contexts = {h: fork_contexts(fork_questions[h], fork_env, tokenizer) for h in fork_questions}
+        window = ForkWindow()
+        fork_env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol))
+        contexts = {h: fork_contexts(fork_questions[h], fork_env, tokenizer) for h in fork_questions}
+
+        def read_forks() -> dict[int, dict[str, float]]:
+            return sft.on_policy_module(lambda module: mean_forks(module.model, tokenizer, contexts))
+
+        def describe(forks: dict[int, dict[str, float]]) -> str:
+            return (
+                f"forks: P(',') 1-hop {forks[1]['goes_on']:.2f} 2-hop {forks[2]['goes_on']:.2f}, "
+                f"P(' its') {forks[2]['its']:.2f}"
+            )
+
         for step in range(1, last_step + 1):
             nll = sft.train()["learners"]["default_policy"]["sft_nll"]
             line = f"sft step {step:3d}/{last_step}  nll {nll:.4f}"
             if args.sft_fork_window and step >= args.sft_fork_from:
-                forks = sft.on_policy_module(lambda module: mean_forks(module.model, tokenizer, contexts))
+                forks = read_forks()
                 inside = window.contains(forks)
                 sft_forks.append({"step": step, "forks": forks, "in_window": inside})
-                line += (
-                    f"  forks: P(',') 1-hop {forks[1]['goes_on']:.2f} 2-hop {forks[2]['goes_on']:.2f}, "
-                    f"P(' its') {forks[2]['its']:.2f}{'  in the window: SFT stops' if inside else ''}"
-                )
+                line += f"  {describe(forks)}{'  in the window: SFT stops' if inside else ''}"
                 if inside:
                     say(line)
                     break
@@ -396,6 +429,34 @@ def main(argv: list[str] | None = None) -> int:
                     line += "  (never in the window: the last step's model is kept)"
             say(line)
         sft_steps_run = step
+        if args.fork_calibration:
+            settings = ForkCalibration(
+                its_target=args.calibration_its, lr=args.calibration_lr, max_steps=args.calibration_steps
+            )
+            calibration_questions = {
+                h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)
+            }
+            demonstrations = calibration_demonstrations(
+                tokenizer,
+                client,
+                calibration_questions,
+                {h: fork_contexts(calibration_questions[h], fork_env, tokenizer) for h in (1, 2)},
+                SearchEnvConfig.from_dict(env_settings),
+                settings,
+                seed=args.seed,
+            )
+            say(
+                f"fork calibration: {len(demonstrations)} first turns, P(' its') target "
+                f"{settings.its_target}, after SFT's {describe(read_forks())}"
+            )
+
+            def report(step: int, nll: float, forks: dict[int, dict[str, float]], inside: bool) -> None:
+                end = "  in the window: calibration stops" if inside else ""
+                if not inside and step == settings.max_steps:
+                    end = "  (never in the window)"
+                say(f"calibration step {step}/{settings.max_steps}  nll {nll:.4f}  {describe(forks)}{end}")
+
+            calibration = calibrate_forks(sft, demonstrations, read_forks, settings, window, report)
         table.append(evaluate(sft, "after warm start"))
         warm_dir = sft.export(out / "warm_start_model")
         sft.stop()
@@ -411,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             group_size=args.group_size,
             prompts_per_sample=args.prompts,
             balance_by="num_hops" if args.rl_balance_hops else None,
+            execution_temperature=args.execution_temperature,
         )
         .training(
             lr=args.rl_lr,
@@ -484,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "rl_gain": gain.to_dict(),
         "sft_steps_run": sft_steps_run,
         "sft_forks": sft_forks,
+        "fork_calibration": calibration,
         "grpo": history,
         "settings": {k: v for k, v in vars(args).items() if k != "metrics_port"},
         "checkpoint": str(checkpoint),

@@ -521,6 +521,14 @@ class SearchAlgorithm(Algorithm):
         options = {} if self.learner_group.is_local else {"remote_actor_ids": [0]}
         return next(iter(self.learner_group.foreach_learner(call, **options))).get()
 
+    def retune_optimizer(self, lr: float | None = None, momentum: bool = True) -> None:
+        """On every learner: the base learning rate ``lr`` (None: unchanged) and whether AdamW keeps its
+        first moments between steps (``SearchTorchLearner.retune_optimizer``)."""
+        for result in self.learner_group.foreach_learner(
+            lambda learner: learner.retune_optimizer(lr, momentum)
+        ):
+            result.get()
+
     def export(self, path: str | Path) -> Path:
         """Write the trained policy as a Hugging Face directory (model + tokenizer, LoRA merged)."""
         from rllib_search.algos.export import export_module

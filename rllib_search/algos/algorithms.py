@@ -64,17 +64,32 @@ class SearchSFT(SearchAlgorithm):
 
     def setup(self, config: Any) -> None:
         super().setup(config)
-        rng = np.random.default_rng(self.config.seed or 0)
+        self._rng = np.random.default_rng(self.config.seed or 0)
         labels = self.config.sft_balance_by
+        self._demonstrations: list[Rollout] = list(self.config.demonstrations)
+        self._batch_size = int(self.config.sft_batch_size)
         self._sft_sampler: ShuffledSampler | StratifiedSampler = (
-            ShuffledSampler(len(self.config.demonstrations), rng)
+            ShuffledSampler(len(self._demonstrations), self._rng)
             if labels is None
-            else StratifiedSampler(labels, rng, proportional=True)
+            else StratifiedSampler(labels, self._rng, proportional=True)
         )
 
+    def set_demonstrations(
+        self, demonstrations: list[Rollout], batch_size: int | None = None, shuffle: bool = True
+    ) -> None:
+        """Train on ``demonstrations`` from the next step on, ``batch_size`` a step (default: the
+        config's), reshuffled every epoch or, with ``shuffle=False``, in their order (so a batch keeps
+        demonstrations that belong together, such as one question's two plans). A later phase of SFT
+        (``fork_calibration.py``); the new pool is not part of checkpoints."""
+        if not demonstrations:
+            raise ValueError("set_demonstrations needs at least one demonstration")
+        self._demonstrations = list(demonstrations)
+        self._batch_size = int(batch_size or self._batch_size)
+        self._sft_sampler = ShuffledSampler(len(self._demonstrations), self._rng, shuffle=shuffle)
+
     def next_demonstrations(self) -> list[Rollout]:
-        chosen = self._sft_sampler.take(int(self.config.sft_batch_size))
-        return [self.config.demonstrations[i] for i in chosen]
+        chosen = self._sft_sampler.take(self._batch_size)
+        return [self._demonstrations[i] for i in chosen]
 
     def training_step(self) -> None:
         demonstrations = self.next_demonstrations()

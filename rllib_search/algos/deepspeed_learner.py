@@ -171,6 +171,15 @@ class SearchDeepSpeedLearner(SearchTorchLearner):
         self.engine.optimizer.zero_grad()
 
     @override(SearchTorchLearner)
+    def retune_optimizer(self, lr: float | None = None, momentum: bool = True) -> None:
+        if not momentum:
+            raise NotImplementedError(
+                "retune_optimizer(momentum=False) is not supported under DeepSpeed (its optimizer's states "
+                "live in ZeRO's partitions): use the Torch learner for a momentum-free phase"
+            )
+        super().retune_optimizer(lr, momentum)
+
+    @override(SearchTorchLearner)
     def step_optimizers(self, gradients_dict: dict) -> None:
         self.engine.step()
 

@@ -194,7 +194,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             group_id = f"{record.uid}@{self.worker_index}.{self._draws + i}"
             episodes.extend((record, group_id) for _ in range(group_size))
         self._draws += len(records)
-        rollouts, generated, generate_seconds, judged = self._roll_out(episodes, self.sampling, seeded=True)
+        later = None
+        if self.config.execution_temperature is not None:
+            later = (int(self.config.trained_turns), float(self.config.execution_temperature))
+        rollouts, generated, generate_seconds, judged = self._roll_out(
+            episodes, self.sampling, seeded=True, later_turns=later
+        )
         self._sample_calls += 1
         self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started, judged)
         return rollouts
@@ -207,16 +212,20 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return self._roll_out(episodes, params, seeded=False)[0]
 
     def _roll_out(
-        self, episodes: Sequence[tuple[QARecord, str]], sampling: SamplingParams, seeded: bool
+        self,
+        episodes: Sequence[tuple[QARecord, str]],
+        sampling: SamplingParams,
+        seeded: bool,
+        later_turns: tuple[int, float] | None = None,
     ) -> tuple[list[Rollout], float, float, JudgeReport]:
         """Advance one env per (record, group id) turn by turn until all finish, then score them all (one
         judge call); returns the rollouts in order, the number of generated tokens, the seconds spent
-        generating and what was asked of the judge."""
+        generating and what was asked of the judge. ``later_turns``: see ``EnginePolicy``."""
         while len(self.envs) < len(episodes):
             self.envs.append(self.new_env())
         envs = self.envs[: len(episodes)]
         turn_seed = self._turn_seed if seeded and self.config.seed is not None else None
-        policy = EnginePolicy(self.engine, sampling, turn_seed)
+        policy = EnginePolicy(self.engine, sampling, turn_seed, later_turns)
         ends = roll_out(envs, [record for record, _ in episodes], policy, self.retriever)
         rollouts = [
             Rollout.from_env(env, group_id, self.weights_version, terminated, truncated)

@@ -25,14 +25,21 @@ from rllib_search.llm.engines import Engine, SamplingParams
 
 class EnginePolicy:
     """A model engine's turns. ``turn_seed(turn)`` gives each turn's sampling seed (None: the
-    ``sampling`` seed as it is). Counts what it generated: ``generated_tokens``, ``generate_seconds``."""
+    ``sampling`` seed as it is); ``later_turns`` = (first turn, temperature) samples that turn and every
+    later one at that temperature (the turns a loss does not credit; see ``rollouts(execution_temperature)``).
+    Counts what it generated: ``generated_tokens``, ``generate_seconds``."""
 
     def __init__(
-        self, engine: Engine, sampling: SamplingParams, turn_seed: Callable[[int], int] | None = None
+        self,
+        engine: Engine,
+        sampling: SamplingParams,
+        turn_seed: Callable[[int], int] | None = None,
+        later_turns: tuple[int, float] | None = None,
     ) -> None:
         self.engine = engine
         self.sampling = sampling
         self.turn_seed = turn_seed
+        self.later_turns = later_turns
         self.generated_tokens = 0
         self.generate_seconds = 0.0
 
@@ -42,6 +49,8 @@ class EnginePolicy:
         params = self.sampling
         if self.turn_seed is not None:
             params = replace(params, seed=self.turn_seed(turn))
+        if self.later_turns is not None and turn >= self.later_turns[0]:
+            params = replace(params, temperature=self.later_turns[1])
         started = time.perf_counter()
         segments = self.engine.generate(prefixes, params, limits)
         self.generate_seconds += time.perf_counter() - started

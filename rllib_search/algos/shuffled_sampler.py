@@ -13,19 +13,24 @@ import numpy as np
 
 class ShuffledSampler:
     """Draws indices in ``[0, size)``: a permutation from ``rng``, walked in order, a fresh permutation
-    once it is used up (``epoch`` counts them). ``get_state``/``set_state`` carry the order, the position,
-    the epoch and the generator, so a restored sampler draws exactly what the original would have."""
+    once it is used up (``epoch`` counts them); with ``shuffle=False`` the indices in order, epoch after
+    epoch. ``get_state``/``set_state`` carry the order, the position, the epoch and the generator, so a
+    restored sampler draws exactly what the original would have."""
 
-    def __init__(self, size: int, rng: np.random.Generator) -> None:
+    def __init__(self, size: int, rng: np.random.Generator, shuffle: bool = True) -> None:
         self.rng = rng
+        self.shuffle = shuffle
         self.epoch = 0
         self.restart(size)
 
     def restart(self, size: int) -> None:
         """A fresh permutation of ``size`` indices, from the start (the dataset changed)."""
         self.size = int(size)
-        self.order = self.rng.permutation(self.size)
+        self.order = self._permutation()
         self.position = 0
+
+    def _permutation(self) -> np.ndarray:
+        return self.rng.permutation(self.size) if self.shuffle else np.arange(self.size)
 
     def take(self, count: int) -> list[int]:
         """The next ``count`` indices, reshuffling at each epoch's end."""
@@ -33,7 +38,7 @@ class ShuffledSampler:
         for _ in range(count):
             if self.position >= len(self.order):
                 self.epoch += 1
-                self.order = self.rng.permutation(self.size)
+                self.order = self._permutation()
                 self.position = 0
             chosen.append(int(self.order[self.position]))
             self.position += 1

@@ -92,6 +92,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         self.accumulation = Accumulation(weights=[1.0])
+        self.keep_first_moments = True  # retune_optimizer(momentum=False) clears them before each step
         self.reference: torch.nn.Module | None = None
         self._reference_built = False
         super().build()
@@ -177,6 +178,24 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
     def param_groups(self) -> list[dict[str, Any]]:
         """Every param group of every registered optimizer."""
         return [group for _, optimizer in self.optimizers() for group in optimizer.param_groups]
+
+    def retune_optimizer(self, lr: float | None = None, momentum: bool = True) -> None:
+        """Every param group's ``base_lr`` set to ``lr`` (None: unchanged). ``momentum=False`` clears
+        AdamW's first moments before each later step, so a step follows its own gradient (scaled by the
+        second moments gathered so far) rather than the steps before it: a short phase that pulls a few
+        probabilities toward targets then settles near them instead of overshooting
+        (``fork_calibration.py``; measured in ``docs/main_job.md``)."""
+        if lr is not None:
+            for group in self.param_groups():
+                group["base_lr"] = float(lr)
+        self.keep_first_moments = momentum
+
+    def clear_first_moments(self) -> None:
+        """Zero AdamW's running mean of the gradients (its second moments stay)."""
+        for _, optimizer in self.optimizers():
+            for state in optimizer.state.values():
+                if "exp_avg" in state:
+                    state["exp_avg"].zero_()
 
     def write_learning_rates(self) -> float:
         """The one learning-rate writer: each param group at its ``base_lr`` times the warmup factor."""
@@ -403,6 +422,8 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             self.skip_step()
             return
         factor = self.write_learning_rates()
+        if not self.keep_first_moments:
+            self.clear_first_moments()
         self.step_optimizers(gradients_dict)
         self.optimizer_steps += 1
         for key, value in step.stats.items():

@@ -1,0 +1,176 @@
+"""Fork calibration: a short last phase of SFT that sets the plan's two forks to chosen rates.
+
+The lazy-plan teacher decides how many hops to make at two tokens of its first thought (``plan_forks.py``):
+"," against "." after the first query, and " its" against " answer" after ", then". RL can lift a second
+search on 2-hop questions without reaching 1-hop ones when a warm start says "," rarely on 1-hop and mostly
+on 2-hop questions, and " its" sometimes but not greedily (``ForkWindow``). Plain SFT on the hesitant
+teacher's trajectories lands anywhere near that window: every batch moves both forks (" its" by up to 0.7 a
+step), so the seed's last batches decide (``docs/main_job.md``, stop 38).
+
+Calibration trains on the teacher's first turns with the forks' targets spelled out instead of sampled:
+
+- a 1-hop question's first turn (plan, "." and the first search), its "." weighted ``emphasis``;
+- a 2-hop question's two first turns, one whose plan goes on with " its" and one that hesitates with
+  " answer"; their "," weighted ``emphasis / 2`` each and the second fork ``emphasis * its_target`` and
+  ``emphasis * (1 - its_target)``. Under per-sequence loss aggregation (the SFT default) the pair's fork
+  terms sum to ``emphasis`` times the NLL of "," plus the cross-entropy against P(" its") = ``its_target``:
+  the expected gradient of a teacher that goes on with that chance, without the draw. The other tokens of
+  the turn keep weight 1, so what follows either branch stays as demonstrated.
+
+A question's three turns stay in one batch, in order, so no batch tilts the second fork one way. Steps run
+without Adam's first moment (``retune_optimizer(momentum=False)``): a soft target pulls P(" its") back from
+either side, and without momentum the steps settle near it rather than swing past (with momentum at the same
+rate it went 0.98, 0.93, 0.60, 0.11, 0.03). Calibration stops at the first step whose forks, read on
+questions it never trains on, lie in the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rllib_search.algos.batching import keep_first_turns
+from rllib_search.algos.demonstrations import teacher_rollouts
+from rllib_search.algos.plan_forks import FORKS, ForkContext, ForkWindow
+from rllib_search.algos.rollout import Rollout
+from rllib_search.data.records import QARecord
+from rllib_search.env.search_env import SearchEnvConfig
+
+
+@dataclass(frozen=True)
+class ForkCalibration:
+    """How the calibration phase runs: the target P(" its"), the weight of the fork tokens against the
+    mean of the rest of a turn, the base learning rate, questions per step (each gives one 1-hop and two
+    2-hop first turns) and the most steps."""
+
+    its_target: float = 0.3
+    emphasis: float = 1.0
+    lr: float = 4e-5
+    questions_per_step: int = 6
+    max_steps: int = 8
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.its_target < 1.0:
+            raise ValueError(f"its_target must lie in (0, 1), got {self.its_target}")
+        if self.emphasis <= 0 or self.lr <= 0 or self.questions_per_step < 1 or self.max_steps < 1:
+            raise ValueError(f"emphasis and lr must be positive, the counts at least 1: {self}")
+
+
+def fork_positions(rollout: Rollout, context: ForkContext) -> tuple[int, int | None]:
+    """Where the first turn of ``rollout`` (a teacher trajectory of ``context``'s question) says its
+    forks: the token after the first query ("," or "."), and after ", then" (" its" or " answer"; None when
+    the plan ends at the first fork). Raises ValueError when the turn does not start with the plan."""
+    start, end = rollout.turn_spans[0]
+    ids = rollout.token_ids[start:end].tolist()
+    plan, then = list(context.plan_ids), list(context.then_ids)
+    if ids[: len(plan)] != plan:
+        raise ValueError(f"the first turn does not start with the teacher's plan ({rollout.uid})")
+    first = start + len(plan)
+    goes_on = ids[len(plan) : len(plan) + len(then)] == then
+    return first, (first + len(then) if goes_on else None)
+
+
+def calibration_demonstrations(
+    tokenizer: Any,
+    retriever: Any,
+    records: dict[int, Sequence[QARecord]],
+    contexts: dict[int, Sequence[ForkContext]],
+    env_config: SearchEnvConfig,
+    calibration: ForkCalibration,
+    seed: int = 0,
+) -> list[Rollout]:
+    """The teacher's first turns for ``records`` (hop count -> questions, with their ``fork_contexts``),
+    weighted as the module docstring says, in batch order: question k's 1-hop turn, then its 2-hop turn
+    that goes on, then the one that hesitates (the lists are zipped; the shorter decides)."""
+    teach = {
+        "one_hop": (records[1], 0.0),
+        "goes_on": (records[2], 0.0),  # no 2-hop demonstration hesitates
+        "hesitates": (records[2], 1.0),  # every one does
+    }
+    turns = {
+        kind: [
+            keep_first_turns(rollout, 1)
+            for rollout in teacher_rollouts(
+                tokenizer,
+                retriever,
+                list(questions),
+                env_config,
+                state_plan=True,
+                early_answer=early,
+                seed=seed,
+                lazy_plan=True,
+                echo_plan=True,
+            )
+        ]
+        for kind, (questions, early) in teach.items()
+    }
+    ids = {
+        text: tokenizer(text, add_special_tokens=False)["input_ids"][0]
+        for pair in FORKS.values()
+        for text in pair
+    }
+    emphasis, its = calibration.emphasis, calibration.its_target
+    demonstrations = []
+    for one, full, hesitant, one_context, two_context in zip(
+        turns["one_hop"], turns["goes_on"], turns["hesitates"], contexts[1], contexts[2]
+    ):
+        first, _ = fork_positions(one, one_context)
+        _expect(one, first, ids["."])
+        demonstrations.append(_weighted(one, {first: emphasis}))
+        for rollout, token, target in ((full, " its", its), (hesitant, " answer", 1.0 - its)):
+            first, second = fork_positions(rollout, two_context)
+            if second is None:
+                raise ValueError(f"a 2-hop plan that does not go on ({rollout.uid})")
+            _expect(rollout, first, ids[","])
+            _expect(rollout, second, ids[token])
+            demonstrations.append(_weighted(rollout, {first: emphasis / 2, second: emphasis * target}))
+    return demonstrations
+
+
+def _expect(rollout: Rollout, position: int, token_id: int) -> None:
+    if int(rollout.token_ids[position]) != token_id:
+        raise ValueError(
+            f"{rollout.uid}: token {position} is {int(rollout.token_ids[position])}, not {token_id}"
+        )
+
+
+def _weighted(rollout: Rollout, forks: dict[int, float]) -> Rollout:
+    """``rollout`` with NLL weight 1 on its generated tokens and, at each fork position, the fork's weight
+    times the number of generated tokens (the per-sequence mean then weighs the fork by its weight)."""
+    weights = rollout.loss_mask.astype(np.float32)
+    generated = float(weights.sum())
+    for position, weight in forks.items():
+        weights[position] = weight * generated
+    return replace(rollout, nll_weights=weights)
+
+
+def calibrate_forks(
+    sft: Any,
+    demonstrations: list[Rollout],
+    read_forks: Callable[[], dict[int, dict[str, float]]],
+    calibration: ForkCalibration,
+    window: ForkWindow | None = None,
+    on_step: Callable[[int, float, dict[int, dict[str, float]], bool], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the calibration phase on the SFT algorithm ``sft`` (``SearchSFT``): train on
+    ``demonstrations`` (``calibration_demonstrations``) in order, ``3 * questions_per_step`` a step,
+    without momentum at ``calibration.lr``, and after each step read the forks (``read_forks``: on
+    questions it does not train on); stop at the first step inside ``window`` or after ``max_steps``.
+    ``on_step(step, nll, forks, inside)`` reports each step. Returns the readings."""
+    window = window or ForkWindow()
+    sft.set_demonstrations(demonstrations, batch_size=3 * calibration.questions_per_step, shuffle=False)
+    sft.retune_optimizer(lr=calibration.lr, momentum=False)
+    readings = []
+    for step in range(1, calibration.max_steps + 1):
+        nll = float(sft.train()["learners"]["default_policy"]["sft_nll"])
+        forks = read_forks()
+        inside = window.contains(forks)
+        readings.append({"step": step, "nll": nll, "forks": forks, "in_window": inside})
+        if on_step is not None:
+            on_step(step, nll, forks, inside)
+        if inside:
+            break
+    return readings
