@@ -3,6 +3,7 @@ and the momentum-free SFT phase that trains on them until the forks lie in the w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -123,10 +124,13 @@ def test_calibration_trains_in_order_without_momentum_and_stops_in_the_window(
     seen = []
     readings = calibrate_forks(algo, demos, read, SETTINGS, anywhere, lambda *step: seen.append(step))
     assert [r["step"] for r in readings] == [1] and readings[0]["in_window"] and len(seen) == 1
+    at_least_two = dataclasses.replace(SETTINGS, min_steps=2)
+    assert [r["step"] for r in calibrate_forks(algo, demos, read, at_least_two, anywhere)] == [1, 2]
     assert readings[0]["forks"] != before  # the step trained
     assert all(group["base_lr"] == SETTINGS.lr for group in learner.param_groups())
-    # In order: the next batch is the next 2 questions' 3 turns each.
-    assert [d.uid for d in algo.next_demonstrations()] == [d.uid for d in (demos + demos)[6:12]]
+    # In order, from the start of each phase: two steps took 12 turns (the 9, then 3 again), so the next
+    # batch is the next 2 questions' 3 turns each.
+    assert [d.uid for d in algo.next_demonstrations()] == [d.uid for d in (demos + demos)[3:9]]
 
     # Without momentum a step's first moment is its own gradient's share: m = (1 - b1) g, where the
     # second moment gives |g| = sqrt((v - b2 v_old) / (1 - b2)).
@@ -162,3 +166,5 @@ def test_the_settings_are_checked():
         ForkCalibration(its_target=1.0)
     with pytest.raises(ValueError, match="positive"):
         ForkCalibration(lr=0.0)
+    with pytest.raises(ValueError, match="min_steps"):
+        ForkCalibration(min_steps=3, max_steps=2)

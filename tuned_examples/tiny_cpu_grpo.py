@@ -34,6 +34,8 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    so the step SFT ends on decides the warm start: ``--sft-fork-window`` (off: up to ~860 s) stops
    SFT at the first step from 10 whose forks (``algos/plan_forks.py``, read on 30 + 30 training questions
    used nowhere else) leave RL a second search to lift; seeds 1 and 4 then gain +0.42 and +0.20 on 2-hop.
+   ``--fork-calibration`` (off) sets the forks after SFT instead (``algos/fork_calibration.py``), and
+   ``--execution-temperature 0`` (off) runs the turns RL does not credit greedily, as evaluation does.
    Every recipe tried, with its numbers: ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
@@ -149,6 +151,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calibration-its", type=float, default=0.3, help="the calibration's target P(' its')")
     p.add_argument("--calibration-lr", type=float, default=4e-5, help="the calibration's learning rate")
     p.add_argument("--calibration-steps", type=int, default=8, help="the calibration's most steps")
+    p.add_argument(
+        "--calibration-min-steps",
+        type=int,
+        default=1,
+        help="the calibration's fewest steps (then the window)",
+    )
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
     p.add_argument(
@@ -241,12 +249,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.rl_trained_turns = args.rl_trained_turns or None  # 0: every turn
     args.rl_credit_after = args.rl_credit_after or None  # '': every generated token
+    if args.fork_calibration and not 1 <= args.calibration_min_steps <= args.calibration_steps:
+        p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
     if args.rl_trained_turns is None:  # every turn is credited, so every turn is sampled at --temperature
         args.execution_temperature = None
     if args.smoke:
         args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
         args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
-        args.sft_fork_from, args.sft_max_steps, args.calibration_steps = 1, 1, 1
+        args.sft_fork_from, args.sft_max_steps, args.calibration_steps, args.calibration_min_steps = (
+            1,
+            1,
+            1,
+            1,
+        )
     if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
         p.error(
             f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
@@ -431,7 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         sft_steps_run = step
         if args.fork_calibration:
             settings = ForkCalibration(
-                its_target=args.calibration_its, lr=args.calibration_lr, max_steps=args.calibration_steps
+                its_target=args.calibration_its,
+                lr=args.calibration_lr,
+                max_steps=args.calibration_steps,
+                min_steps=args.calibration_min_steps,
             )
             calibration_questions = {
                 h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)

@@ -44,19 +44,23 @@ from rllib_search.env.search_env import SearchEnvConfig
 class ForkCalibration:
     """How the calibration phase runs: the target P(" its"), the weight of the fork tokens against the
     mean of the rest of a turn, the base learning rate, questions per step (each gives one 1-hop and two
-    2-hop first turns) and the most steps."""
+    2-hop first turns), the fewest steps (a warm start already in the window still has each question's
+    P(" its") pulled toward the target) and the most."""
 
     its_target: float = 0.3
     emphasis: float = 1.0
     lr: float = 4e-5
     questions_per_step: int = 6
     max_steps: int = 8
+    min_steps: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 < self.its_target < 1.0:
             raise ValueError(f"its_target must lie in (0, 1), got {self.its_target}")
         if self.emphasis <= 0 or self.lr <= 0 or self.questions_per_step < 1 or self.max_steps < 1:
             raise ValueError(f"emphasis and lr must be positive, the counts at least 1: {self}")
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"min_steps must lie in 1..max_steps, got {self.min_steps}")
 
 
 def fork_positions(rollout: Rollout, context: ForkContext) -> tuple[int, int | None]:
@@ -158,7 +162,8 @@ def calibrate_forks(
     """Run the calibration phase on the SFT algorithm ``sft`` (``SearchSFT``): train on
     ``demonstrations`` (``calibration_demonstrations``) in order, ``3 * questions_per_step`` a step,
     without momentum at ``calibration.lr``, and after each step read the forks (``read_forks``: on
-    questions it does not train on); stop at the first step inside ``window`` or after ``max_steps``.
+    questions it does not train on); stop at the first step from ``min_steps`` on inside ``window``, or
+    after ``max_steps``.
     ``on_step(step, nll, forks, inside)`` reports each step. Returns the readings."""
     window = window or ForkWindow()
     sft.set_demonstrations(demonstrations, batch_size=3 * calibration.questions_per_step, shuffle=False)
@@ -171,6 +176,6 @@ def calibrate_forks(
         readings.append({"step": step, "nll": nll, "forks": forks, "in_window": inside})
         if on_step is not None:
             on_step(step, nll, forks, inside)
-        if inside:
+        if inside and step >= calibration.min_steps:
             break
     return readings
