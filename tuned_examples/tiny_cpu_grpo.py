@@ -256,12 +256,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
         args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
-        args.sft_fork_from, args.sft_max_steps, args.calibration_steps, args.calibration_min_steps = (
-            1,
-            1,
-            1,
-            1,
-        )
+        args.sft_fork_from, args.sft_max_steps = 1, 1
+        args.calibration_steps, args.calibration_min_steps = 1, 1
     if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
         p.error(
             f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
@@ -469,9 +465,10 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             def report(step: int, nll: float, forks: dict[int, dict[str, float]], inside: bool) -> None:
-                end = "  in the window: calibration stops" if inside else ""
-                if not inside and step == settings.max_steps:
-                    end = "  (never in the window)"
+                stops = inside and step >= settings.min_steps
+                end = "  in the window: calibration stops" if stops else "  in the window" if inside else ""
+                if not stops and step == settings.max_steps:
+                    end = "  (never in the window from the fewest steps on)"
                 say(f"calibration step {step}/{settings.max_steps}  nll {nll:.4f}  {describe(forks)}{end}")
 
             calibration = calibrate_forks(sft, demonstrations, read_forks, settings, window, report)

@@ -20,8 +20,8 @@ Calibration trains on the teacher's first turns with the forks' targets spelled 
 A question's three turns stay in one batch, in order, so no batch tilts the second fork one way. Steps run
 without Adam's first moment (``retune_optimizer(momentum=False)``): a soft target pulls P(" its") back from
 either side, and without momentum the steps settle near it rather than swing past (with momentum at the same
-rate it went 0.98, 0.93, 0.60, 0.11, 0.03). Calibration stops at the first step whose forks, read on
-questions it never trains on, lie in the window.
+rate it went 0.98, 0.93, 0.60, 0.11, 0.03). Calibration stops at the first step (from ``min_steps`` on)
+whose forks, read on questions it never trains on, lie in the window.
 """
 
 from __future__ import annotations
@@ -87,8 +87,10 @@ def calibration_demonstrations(
     seed: int = 0,
 ) -> list[Rollout]:
     """The teacher's first turns for ``records`` (hop count -> questions, with their ``fork_contexts``),
-    weighted as the module docstring says, in batch order: question k's 1-hop turn, then its 2-hop turn
-    that goes on, then the one that hesitates (the lists are zipped; the shorter decides)."""
+    weighted as the module docstring says, in batch order: the k-th 1-hop question's turn, then the k-th
+    2-hop question's turn that goes on, then its turn that hesitates (the lists are zipped; the shorter
+    decides). The teacher plays whole episodes (the retriever answers its searches; a few seconds for the
+    main job's 60 + 60 questions) and only their first turns are kept."""
     teach = {
         "one_hop": (records[1], 0.0),
         "goes_on": (records[2], 0.0),  # no 2-hop demonstration hesitates
