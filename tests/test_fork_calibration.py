@@ -161,6 +161,14 @@ def test_calibration_trains_in_order_without_momentum_and_stops_in_the_window(
     algo.stop()
 
 
+def test_calibration_needs_both_kinds_of_question(world, smollm2_tokenizer, questions):
+    config = SearchEnvConfig.from_dict(ENV_SETTINGS)
+    with pytest.raises(ValueError, match="1-hop and 2-hop"):
+        calibration_demonstrations(
+            smollm2_tokenizer, BM25Retriever(world.passages), {1: questions[1], 2: []}, {}, config, SETTINGS
+        )
+
+
 def test_the_settings_are_checked():
     with pytest.raises(ValueError, match="its_target"):
         ForkCalibration(its_target=1.0)

@@ -91,6 +91,10 @@ def calibration_demonstrations(
     2-hop question's turn that goes on, then its turn that hesitates (the lists are zipped; the shorter
     decides). The teacher plays whole episodes (the retriever answers its searches; a few seconds for the
     main job's 60 + 60 questions) and only their first turns are kept."""
+    if not records.get(1) or not records.get(2):
+        raise ValueError(
+            "calibration_demonstrations needs 1-hop and 2-hop questions (records[1], records[2])"
+        )
     teach = {
         "one_hop": (records[1], 0.0),
         "goes_on": (records[2], 0.0),  # no 2-hop demonstration hesitates
