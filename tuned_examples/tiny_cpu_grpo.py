@@ -249,19 +249,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.rl_trained_turns = args.rl_trained_turns or None  # 0: every turn
     args.rl_credit_after = args.rl_credit_after or None  # '': every generated token
-    if args.smoke and args.fork_calibration:
-        args.two_hop_demonstrations = 2  # calibration pairs 1-hop and 2-hop questions
+    if args.smoke:
+        args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
+        args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
+        args.sft_fork_from, args.sft_max_steps = 1, 1
+        args.calibration_steps, args.calibration_min_steps = 1, 1
+        if args.fork_calibration:
+            args.two_hop_demonstrations = 2  # calibration pairs 1-hop and 2-hop questions
     if args.fork_calibration and not (args.demonstrations and args.two_hop_demonstrations):
         p.error("--fork-calibration needs 1-hop and 2-hop demonstration questions")
     if args.fork_calibration and not 1 <= args.calibration_min_steps <= args.calibration_steps:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
     if args.rl_trained_turns is None:  # every turn is credited, so every turn is sampled at --temperature
         args.execution_temperature = None
-    if args.smoke:
-        args.demonstrations, args.two_hop_demonstrations, args.sft_steps, args.sft_batch = 8, 0, 1, 4
-        args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
-        args.sft_fork_from, args.sft_max_steps = 1, 1
-        args.calibration_steps, args.calibration_min_steps = 1, 1
     if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
         p.error(
             f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
