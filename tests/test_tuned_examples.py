@@ -72,6 +72,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert set(summary["searches_per_episode"]["after RL"]) == {"1hop", "2hop"}
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 3 * 2 * 2  # stages x hop counts x questions per hop count
+    # --eval-cache (default): the base model's answers before training are stored for the next run.
+    assert summary["evaluation"][0]["cached"] is False
+    (stored,) = (tmp_path / "cache" / "evaluations").glob("*.json")
+    before = json.loads(stored.read_text())["result"]["answers"]
+    assert [p["answer"] for p in predictions if p["stage"] == "before"] == before["1"] + before["2"]
     assert (out / "training.png").stat().st_size > 0
     assert (out / "warm_start_model" / "config.json").exists()
 

@@ -242,6 +242,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "every turn is credited and sampled at --temperature)",
     )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
+    p.add_argument(
+        "--eval-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the base model's evaluation before training from an earlier run with the same weights, "
+        "questions and settings (algos/evaluation_cache.py, under $RLLIB_SEARCH_CACHE/evaluations): greedy "
+        "decoding of unchanged weights gives the same answers, and it saves about 90 s",
+    )
     p.add_argument("--max-turn-tokens", type=int, default=48)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -278,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
     from rllib_search.algos.evaluation import Estimate, paired_gain, score_predictions
+    from rllib_search.algos.evaluation_cache import EvaluationCache
     from rllib_search.algos.fork_calibration import (
         ForkCalibration,
         calibrate_forks,
@@ -285,13 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-    from rllib_search.llm.models import load_tokenizer
+    from rllib_search.llm.models import cache_dir, load_tokenizer, resolve_model_path
     from rllib_search.recipes import embedded
     from rllib_search.recipes.jobs import connect
     from rllib_search.serve.client import RetrieverClient
 
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
+    evaluation_cache = EvaluationCache(cache_dir() / "evaluations")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -337,13 +347,27 @@ def main(argv: list[str] | None = None) -> int:
             .dashboard_metrics(run_name="tiny_cpu_grpo")
         )
 
-    def evaluate(algo: Any, stage: str) -> dict[str, Any]:
-        """Greedy answers on the held-out questions, EM / F1 / cover-EM per hop count with intervals."""
-        row: dict[str, Any] = {"stage": stage, "answers": {}}
+    def greedy_answers(algo: Any) -> dict[str, Any]:
+        """Greedy answers and searches per episode on the held-out questions, by hop count."""
+        answers, searches = {}, {}
         for hops, records in held_out.items():
             rollouts = algo.evaluate_questions(records, temperature=0.0)
-            row["answers"][hops] = [r.answer for r in rollouts]
-            row[f"searches_{hops}hop"] = sum(r.stats["searches"] for r in rollouts) / len(rollouts)
+            answers[str(hops)] = [r.answer for r in rollouts]
+            searches[str(hops)] = sum(r.stats["searches"] for r in rollouts) / len(rollouts)
+        return {"answers": answers, "searches": searches}
+
+    def evaluate(algo: Any, stage: str, cache_key: str | None = None) -> dict[str, Any]:
+        """Greedy answers on the held-out questions, EM / F1 / cover-EM per hop count with intervals.
+        With ``cache_key`` (the base model's evaluation) the answers are read from, or stored in, the
+        evaluation cache; the scores are computed here either way."""
+        if cache_key is None:
+            result, cached = greedy_answers(algo), False
+        else:
+            result, cached = evaluation_cache.get_or_compute(cache_key, lambda: greedy_answers(algo))
+        row: dict[str, Any] = {"stage": stage, "answers": {}, "cached": cached}
+        for hops in held_out:
+            row["answers"][hops] = result["answers"][str(hops)]
+            row[f"searches_{hops}hop"] = result["searches"][str(hops)]
         scores = score_predictions(
             [a for hops in held_out for a in row["answers"][hops]], golds, groups, seed=args.seed
         )
@@ -354,8 +378,19 @@ def main(argv: list[str] | None = None) -> int:
             f"eval {stage:>16}: EM 1-hop {scores.groups['1']['em'].format()}  "
             f"EM 2-hop {scores.groups['2']['em'].format()}  "
             f"searches {row['searches_1hop']:.2f} / {row['searches_2hop']:.2f}"
+            + (f"  (answers read from {evaluation_cache.path(cache_key)})" if cached else "")
         )
         return row
+
+    def base_model_cache_key() -> str | None:
+        """The evaluation cache's key for the base model before training (None: --no-eval-cache, or a
+        model that is not a local directory)."""
+        model_dir = Path(resolve_model_path(args.model))
+        if not args.eval_cache or not model_dir.is_dir():
+            return None
+        questions = {str(h): [[r.uid, r.question] for r in held_out[h]] for h in held_out}
+        settings = {"env": env_settings, "max_turn_tokens": args.max_turn_tokens, "questions": questions}
+        return evaluation_cache.key(model_dir, settings)
 
     # 2-3. Evaluate the base model, warm-start it with masked SFT on 1-hop teacher trajectories, evaluate.
     client = RetrieverClient.from_app(embedded.RETRIEVER_APP, timeout_s=60)
@@ -415,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         sft = sft_config.build_algo()
-        table.append(evaluate(sft, "before"))
+        table.append(evaluate(sft, "before", cache_key=base_model_cache_key()))
         last_step = args.sft_max_steps if args.sft_fork_window else args.sft_steps
         window = ForkWindow()
         fork_env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol))
