@@ -33,8 +33,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    turns) run greedily, as evaluation runs them (``--execution-temperature 0``), so a plan is rewarded
    for what the greedy agent does with it; lr 5e-6. Measured on 2 cores, RL from each seed's warm start:
    the goal (2-hop +0.2 with its interval above 0, 1-hop not lower beyond its interval) holds with seeds
-   0, 1, 3, 4, 6 and 7 (7 measured after the recipe was chosen: +0.28 [0.14, 0.42]), not with 2 and 5,
-   whose warm starts' 1-hop plans already go on or skip the search. Seed 0: 2-hop 0.06 -> 0.32
+   0, 1, 3, 4, 6 and 7, not with 2 and 5 (their warm starts' 1-hop plans already go on or skip the
+   search) nor 8 (its warm start already chains: 2-hop 0.34); of the seeds measured after the recipe was
+   chosen, 7 passes (+0.28 [0.14, 0.42]) and 8 fails. Seed 0: 2-hop 0.06 -> 0.32
    (+0.26 [0.14, 0.38]), 1-hop 0.92 -> 0.92. Crediting only what the plan says after ", then" on 2-hop
    questions alone (``--rl-credit-after ", then" --rl-one-hop 0 --prompts 3``, the default until stop
    41) met it with seeds 0-4 and not 5, 6, 7.
