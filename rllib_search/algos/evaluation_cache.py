@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from rllib_search.serve.index_build import file_sha256
+from rllib_search.serve.index_manifest import write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
 def weights_digest(model_dir: str | Path) -> str:
-    """SHA-256 over the names and bytes of a Hugging Face model directory's weight files and its
+    """SHA-256 over the names and SHA-256s of a Hugging Face model directory's weight files and its
     ``config.json``, in name order (about a second for SmolLM2-135M)."""
     directory = Path(model_dir)
     files = sorted(
@@ -43,10 +44,7 @@ def weights_digest(model_dir: str | Path) -> str:
         raise FileNotFoundError(f"{directory}: no weight files ({', '.join(WEIGHT_SUFFIXES)})")
     digest = hashlib.sha256()
     for path in files:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(chunk)
+        digest.update(f"{path.name}\0{file_sha256(path)}\0".encode())
     return digest.hexdigest()
 
 
@@ -105,10 +103,7 @@ class EvaluationCache:
         """Write ``result`` under ``key`` whole (temporary file, then rename); returns its path."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
-        handle, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.root)
-        with os.fdopen(handle, "w") as out:
-            json.dump({"key": key, "result": dict(result)}, out)
-        os.replace(tmp, path)
+        write_manifest(path, {"key": key, "result": dict(result)})
         return path
 
     def get_or_compute(
