@@ -63,6 +63,16 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert [row["step"] for row in calibration] == list(range(1, len(calibration) + 1))
     assert len(calibration) == 2 or calibration[-1]["in_window"]
     assert "fork calibration: " in done.stdout and f"calibration step {len(calibration)}/2" in done.stdout
+    # --rl-recipe auto: the warm start's forks read on the 30 + 30 fork questions choose what GRPO credits;
+    # --prompts and --rl-one-hop given here override the recipe's.
+    recipe = summary["rl_recipe"]
+    warm_forks = recipe["warm_start_forks"]
+    assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in warm_forks[hops].values())
+    expected = "after-fork" if warm_forks["1"]["goes_on"] > 0.5 else "whole-turn"
+    assert recipe["name"] == expected and recipe["chosen"] == "by the warm start's forks"
+    assert recipe["credit_after"] == (", then" if expected == "after-fork" else None)
+    assert (recipe["prompts"], recipe["one_hop"]) == (2, 4)
+    assert f"RL recipe: {expected} (the warm start's forks: P(',') 1-hop" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
     stages = summary["em"]
@@ -110,10 +120,36 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     resumed = json.loads((again / "summary.json").read_text())
     assert [row["stage"] for row in resumed["evaluation"]] == ["after warm start", "after RL"]
     assert resumed["em"]["after warm start"] == stages["after warm start"]
+    # The recipe's forks, read from the exported warm start, are those read from the SFT learner's module.
+    for hops in ("1", "2"):
+        for fork, p in resumed["rl_recipe"]["warm_start_forks"][hops].items():
+            assert p == pytest.approx(warm_forks[hops][fork], abs=1e-4)
+    assert resumed["rl_recipe"]["credit_after"] == ", then"  # the flag overrides the recipe
     first = [p for p in predictions if p["stage"] == "after warm start"]
     second = [json.loads(line) for line in (again / "predictions.jsonl").read_text().splitlines()]
     assert [p for p in second if p["stage"] == "after warm start"] == first
     assert not (again / "warm_start_model").exists()
+
+
+def test_tiny_cpu_grpo_auto_recipe_keeps_the_first_fork_when_one_hop_plans_already_go_on(monkeypatch):
+    import importlib.util
+
+    path = ROOT / "tuned_examples" / "tiny_cpu_grpo.py"
+    spec = importlib.util.spec_from_file_location("tiny_cpu_grpo_job", path)
+    job = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, job)  # dataclasses resolve their module by name
+    spec.loader.exec_module(job)
+
+    def forks(one_hop_goes_on: float) -> dict[int, dict[str, float]]:
+        return {1: {"goes_on": one_hop_goes_on, "its": 0.9}, 2: {"goes_on": 0.9, "its": 0.9}}
+
+    # Seeds 2 and 5's warm starts (1-hop P(",") 0.79, 0.60) against seeds 0 and 8's (0.05, 0.35).
+    assert job.choose_rl_recipe(forks(0.79), 0.5) == job.choose_rl_recipe(forks(0.6), 0.5) == "after-fork"
+    assert job.choose_rl_recipe(forks(0.05), 0.5) == job.choose_rl_recipe(forks(0.5), 0.5) == "whole-turn"
+    assert job.RL_RECIPES["after-fork"] == job.RLRecipe(credit_after=", then", one_hop=0, prompts=3)
+    assert job.RL_RECIPES["whole-turn"] == job.RLRecipe(credit_after=None, one_hop=100, prompts=4)
+    defaults = job.parse_args([])
+    assert defaults.rl_recipe == "auto" and defaults.prompts is None and defaults.rl_credit_after is None
 
 
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,
