@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-    from rllib_search.llm.models import cache_dir, load_tokenizer, resolve_model_path
+    from rllib_search.llm.models import cache_dir, load_causal_lm, load_tokenizer, resolve_model_path
     from rllib_search.recipes import embedded
     from rllib_search.recipes.jobs import connect
     from rllib_search.serve.client import RetrieverClient
@@ -497,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         warm_dir = Path(args.warm_start)
         say(f"warm start: {warm_dir} (no SFT here)")
         if args.rl_recipe == "auto":
-            from transformers import AutoModelForCausalLM
-
-            warm_forks = mean_forks(AutoModelForCausalLM.from_pretrained(warm_dir), tokenizer, contexts)
+            warm_model, _ = load_causal_lm(str(warm_dir))
+            warm_forks = mean_forks(warm_model, tokenizer, contexts)
+            del warm_model
     else:
         sft_config = (
             base_config(SearchSFTConfig, args.model, by_hops[1])
@@ -583,10 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     recipe_name = args.rl_recipe
     if warm_forks is not None:
         recipe_name = choose_rl_recipe(warm_forks, args.rl_recipe_switch)
-        above = warm_forks[1]["goes_on"] > args.rl_recipe_switch
         say(
             f"RL recipe: {recipe_name} (the warm start's {describe(warm_forks)}; 1-hop P(',') "
-            f"{'above' if above else 'at most'} {args.rl_recipe_switch})"
+            f"{'above' if recipe_name == 'after-fork' else 'at most'} {args.rl_recipe_switch})"
         )
     recipe = RL_RECIPES[recipe_name]
     credit_after = recipe.credit_after if args.rl_credit_after is None else args.rl_credit_after or None
