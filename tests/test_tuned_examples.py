@@ -36,7 +36,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
         *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
-        *("--fork-calibration", "--calibration-steps", "2"),
+        *("--fork-calibration", "--calibration-steps", "2", "--rl-read-forks"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -45,6 +45,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [row["stage"] for row in summary["evaluation"]] == ["before", "after warm start", "after RL"]
     assert len(summary["grpo"]) == 2
+    # --rl-read-forks: the policy's forks after each GRPO iteration, on its line and in its row.
+    for row in summary["grpo"]:
+        assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
+    assert "forks: P(',')" in done.stdout.split("grpo iter  2/2")[1].splitlines()[0]
+    assert summary["rl_stopped_at"] is None  # no --rl-stop-on-fork-rise: every iteration runs
     settings = summary["settings"]
     assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
     assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
@@ -71,7 +76,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     expected = "after-fork" if warm_forks["1"]["goes_on"] > 0.5 else "whole-turn"
     assert recipe["name"] == expected and recipe["chosen"] == "by the warm start's forks"
     assert recipe["credit_after"] == (", then" if expected == "after-fork" else None)
-    assert (recipe["prompts"], recipe["one_hop"]) == (2, 4)
+    assert (recipe["prompts"], recipe["one_hop"]) == (2, 4) and recipe["balance_hops"]
     assert f"RL recipe: {expected} (the warm start's forks: P(',') 1-hop" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
@@ -112,12 +117,16 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     # --warm-start: GRPO from that export, no SFT; its evaluation of the warm start is the first run's.
     again = tmp_path / "again"
     argv = [*argv[: argv.index("--out")], "--out", str(again), *argv[argv.index("--out") + 2 :]]
-    argv += ["--warm-start", str(out / "warm_start_model"), "--rl-iterations", "1"]
+    argv += ["--warm-start", str(out / "warm_start_model")]
     argv += ["--rl-trained-turns", "1", "--rl-credit-after", ", then"]
+    argv += ["--rl-iterations", "2", "--rl-stop-on-fork-rise", "-1"]  # any reading is a rise above -1
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "sft step" not in done.stdout and "no SFT here" in done.stdout
     resumed = json.loads((again / "summary.json").read_text())
+    # --rl-stop-on-fork-rise: the warm start's forks read, then RL stopped after its first iteration.
+    assert resumed["rl_stopped_at"] == 1 and len(resumed["grpo"]) == 1 and "forks" in resumed["grpo"][0]
+    assert "RL stops after iteration 1" in done.stdout and "grpo iter  2/2" not in done.stdout
     assert [row["stage"] for row in resumed["evaluation"]] == ["after warm start", "after RL"]
     assert resumed["em"]["after warm start"] == stages["after warm start"]
     # The recipe's forks, read from the exported warm start, are those read from the SFT learner's module.
@@ -148,8 +157,16 @@ def test_tiny_cpu_grpo_auto_recipe_keeps_the_first_fork_when_one_hop_plans_alrea
     assert job.choose_rl_recipe(forks(0.05), 0.5) == job.choose_rl_recipe(forks(0.5), 0.5) == "whole-turn"
     assert job.RL_RECIPES["after-fork"] == job.RLRecipe(credit_after=", then", one_hop=0, prompts=3)
     assert job.RL_RECIPES["whole-turn"] == job.RLRecipe(credit_after=None, one_hop=100, prompts=4)
+    assert job.RL_RECIPES["balanced"] == job.RLRecipe(
+        credit_after=None, one_hop=150, prompts=4, balance_hops=True
+    )
     defaults = job.parse_args([])
-    assert defaults.rl_recipe == "auto" and defaults.prompts is None and defaults.rl_credit_after is None
+    assert defaults.rl_recipe == "auto" and not defaults.fork_calibration and not defaults.rl_read_forks
+    assert defaults.prompts is defaults.rl_credit_after is defaults.rl_balance_hops is None  # the recipe's
+    assert (
+        defaults.rl_stop_on_fork_rise is None
+        and job.parse_args(["--rl-stop-on-fork-rise", "0.05"]).rl_read_forks
+    )
 
 
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,
