@@ -39,7 +39,7 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
      ", then", on 300 2-hop questions alone, 3 an iteration; a 1-hop group's "." would otherwise take the
      2-hop plans with it (stop 41).
    Measured on 2 cores, RL from each seed's warm start, the goal (2-hop +0.2 with its interval above 0,
-   1-hop not lower beyond its interval): see ``docs/main_job.md`` (stop 42) for the seeds that meet it.
+   1-hop not lower beyond its interval): see ``docs/main_job.md`` (stops 42-43) for the seeds that meet it.
    Seed 0 (whole-turn): 2-hop 0.06 -> 0.32 (+0.26 [0.14, 0.38]), 1-hop 0.92 -> 0.92.
    Every SFT batch moves the plan's forks, so the warm start varies with the seed: ``--sft-fork-window``
    (off) stops SFT where the forks leave RL a second search to lift (``algos/plan_forks.py``), and
@@ -261,7 +261,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="stop GRPO after the first iteration whose mean P(',') on the 1-hop fork-reading questions "
         "lies more than this above the warm start's (read as --rl-read-forks, which it implies): where the "
-        "second search starts to reach 1-hop plans (seed 0, stop 43). Default: never",
+        "second search starts to reach 1-hop plans (seed 0; on seed 14 it stopped a run that would have "
+        "recovered, stop 43). Default: never",
     )
     p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
     p.add_argument(
