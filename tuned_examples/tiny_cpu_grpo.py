@@ -45,7 +45,7 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    (off) stops SFT where the forks leave RL a second search to lift (``algos/plan_forks.py``), and
    ``--fork-calibration`` (off) sets them after SFT (``algos/fork_calibration.py``); with
    ``--rl-recipe balanced`` (2 questions of each hop count an iteration) that met the goal on fresh
-   seeds 13 and 14, not 15, 16 or the default seed 0 (stop 43). ``--rl-read-forks`` reads the policy's
+   seeds 13 and 14, not 15-17 or the default seed 0 (stop 43). ``--rl-read-forks`` reads the policy's
    forks after each GRPO iteration. Every recipe tried, with its numbers: ``docs/main_job.md``.
 5. **Evaluation after each stage**: greedy EM / F1 / cover-EM per hop count with 95% bootstrap intervals,
    searches per episode, RL's paired gain over the warm start on the same questions (``rl_gain_2hop``
@@ -88,7 +88,7 @@ RL_RECIPES = {
     "after-fork": RLRecipe(credit_after=", then", one_hop=0, prompts=3),
     # Recipe A of stop 41: whole-turn's credit on 300 2-hop and 150 1-hop questions, 2 of each an
     # iteration, so 1-hop groups hold 1-hop plans in every update. Met the goal from calibrated warm
-    # starts of seeds 10, 12, 13 and 14, not 0 (1-hop lost), 15 or 16 (too little to lift; stop 43).
+    # starts of seeds 10, 12, 13 and 14, not 0 (1-hop lost), 15-17 (too little lifted; stop 43).
     "balanced": RLRecipe(credit_after=None, one_hop=150, prompts=4, balance_hops=True),
 }
 
