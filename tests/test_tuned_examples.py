@@ -36,7 +36,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
         *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
-        *("--fork-calibration", "--calibration-steps", "2", "--rl-read-forks"),
+        *("--fork-calibration", "--calibration-steps", "2", "--rl-read-forks", "--rl-recipe", "auto"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -140,7 +140,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert not (again / "warm_start_model").exists()
 
 
-def test_tiny_cpu_grpo_auto_recipe_keeps_the_first_fork_when_one_hop_plans_already_go_on(monkeypatch):
+def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     import importlib.util
 
     path = ROOT / "tuned_examples" / "tiny_cpu_grpo.py"
@@ -160,8 +160,19 @@ def test_tiny_cpu_grpo_auto_recipe_keeps_the_first_fork_when_one_hop_plans_alrea
     assert job.RL_RECIPES["balanced"] == job.RLRecipe(
         credit_after=None, one_hop=150, prompts=4, balance_hops=True
     )
+    # The default (stop 44): fork calibration after SFT, then 8 iterations of the balanced recipe.
     defaults = job.parse_args([])
-    assert defaults.rl_recipe == "auto" and not defaults.fork_calibration and not defaults.rl_read_forks
+    assert defaults.rl_recipe == "balanced" and defaults.fork_calibration and defaults.rl_iterations == 8
+    assert not defaults.rl_read_forks
+    # Calibration pairs 1-hop and 2-hop questions and needs SFT: off without either, an error if asked for.
+    assert job.parse_args(["--two-hop-demonstrations", "0"]).fork_calibration is False
+    assert job.parse_args(["--warm-start", "runs/x/warm_start_model"]).fork_calibration is False
+    assert job.parse_args(["--no-fork-calibration"]).fork_calibration is False
+    smoke = job.parse_args(["--smoke"])
+    assert smoke.fork_calibration and smoke.two_hop_demonstrations == 2 and smoke.calibration_steps == 1
+    assert job.parse_args(["--smoke", "--no-fork-calibration"]).two_hop_demonstrations == 0
+    with pytest.raises(SystemExit):
+        job.parse_args(["--fork-calibration", "--two-hop-demonstrations", "0"])
     assert defaults.prompts is defaults.rl_credit_after is defaults.rl_balance_hops is None  # the recipe's
     assert (
         defaults.rl_stop_on_fork_rise is None
