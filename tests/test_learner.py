@@ -130,6 +130,23 @@ def test_one_update_raises_positively_advantaged_tokens(
     algo.stop()
 
 
+def test_policy_weights_snapshot_survives_updates_and_loads_back_everywhere(
+    ray_cluster, model_dir, world, corpus
+):
+    algo = make_config(SearchGRPOConfig, model_dir, world, corpus, lr=5e-3).build_algo()
+    before = policy_weights(algo)
+    snapshot = algo.policy_weights()
+    algo.train()
+    trained = policy_weights(algo)
+    assert any(not torch.equal(before[k], trained[k]) for k in before)
+    algo.load_policy_weights(snapshot)
+    loaded = policy_weights(algo)
+    assert all(torch.equal(before[k], loaded[k]) for k in before)
+    runner_model = algo.env_runner.module.model
+    assert all(torch.equal(before[k], v) for k, v in runner_model.state_dict().items())
+    algo.stop()
+
+
 def test_train_top_layers_updates_the_top_block_and_final_norm_only(
     ray_cluster, model_dir, world, corpus, demonstrations
 ):

@@ -178,6 +178,21 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
         defaults.rl_stop_on_fork_rise is None
         and job.parse_args(["--rl-stop-on-fork-rise", "0.05"]).rl_read_forks
     )
+    # Validation readings: the asked-for iterations RL reaches, always with its last; the most right
+    # answers win, the later iteration on a tie.
+    assert job.parse_args(["--rl-validate-at", "4,6,12"]).rl_validate_at == (4, 6, 8)
+    assert job.parse_args(["--rl-validate-at", "6,2", "--rl-iterations", "6"]).rl_validate_at == (2, 6)
+    assert job.parse_args(["--rl-validate-at", ""]).rl_validate_at == ()
+    for bad in (["--rl-validate-at", "0,4"], ["--rl-validate-at", "four"], ["--validation-questions", "31"]):
+        with pytest.raises(SystemExit):
+            job.parse_args(bad)
+    readings = [
+        {"iteration": 4, "correct": 30},
+        {"iteration": 6, "correct": 33},
+        {"iteration": 8, "correct": 33},
+    ]
+    assert job.kept_reading(readings)["iteration"] == 8
+    assert job.kept_reading([*readings[:2], {"iteration": 8, "correct": 32}])["iteration"] == 6
 
 
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,

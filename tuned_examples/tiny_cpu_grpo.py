@@ -98,6 +98,25 @@ def choose_rl_recipe(forks: dict[int, dict[str, float]], switch: float) -> str:
     return "after-fork" if forks[1]["goes_on"] > switch else "whole-turn"
 
 
+def iteration_list(text: str) -> tuple[int, ...]:
+    """``--rl-validate-at``: "4,6,8" -> (4, 6, 8); "" -> () (no readings)."""
+    try:
+        iterations = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated iteration numbers, got {text!r}"
+        ) from None
+    if any(i < 1 for i in iterations):
+        raise argparse.ArgumentTypeError(f"iterations count from 1, got {text!r}")
+    return iterations
+
+
+def kept_reading(readings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The validation reading whose weights RL keeps: the most right answers over both hop counts (a 2-hop
+    answer won costs nothing if a 1-hop one is lost), the later iteration on a tie."""
+    return max(readings, key=lambda reading: (reading["correct"], reading["iteration"]))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, hub name or local path")
@@ -263,6 +282,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "second search starts to reach 1-hop plans (seed 0; on seed 14 it stopped a run that would have "
         "recovered, stop 43). Default: never",
     )
+    p.add_argument(
+        "--rl-validate-at",
+        type=iteration_list,
+        default=(),
+        help="comma-separated GRPO iterations after which the policy answers the fork-reading training "
+        "questions greedily (--validation-questions of each hop count; never demonstrated nor in the RL "
+        "set); the last iteration is always read too, and RL keeps the weights of the reading with the "
+        "most right answers (ties: the later). Default: none (the last iteration's weights)",
+    )
+    p.add_argument(
+        "--validation-questions",
+        type=int,
+        default=30,
+        help="with --rl-validate-at: fork-reading questions per hop count answered at each reading (<= 30)",
+    )
+    p.add_argument(
+        "--rl-validation-held-out",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --rl-validate-at, a diagnostic: the held-out evaluation at every reading too (about 55 s "
+        "each; in summary.json's grpo rows), to see whether the reading picks the iteration held-out "
+        "questions would",
+    )
     p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
     p.add_argument(
         "--rl-trained-turns",
@@ -341,6 +383,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rl_iterations, args.prompts, args.eval_questions, args.max_turn_tokens = 1, 1, 2, 32
         args.sft_fork_from, args.sft_max_steps = 1, 1
         args.calibration_steps, args.calibration_min_steps = 1, 1
+        args.validation_questions = 2
         if args.fork_calibration is not False:
             args.two_hop_demonstrations = 2  # calibration pairs 1-hop and 2-hop questions
     if args.fork_calibration is None:  # the default: on where SFT runs on both kinds of demonstration
@@ -353,6 +396,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
     if args.rl_trained_turns is None:  # every turn is credited, so every turn is sampled at --temperature
         args.execution_temperature = None
+    if not 1 <= args.validation_questions <= 30:
+        p.error(
+            "--validation-questions must lie in 1..30 (the fork-reading questions), "
+            f"got {args.validation_questions}"
+        )
+    if args.rl_validate_at:
+        # The readings RL chooses among: the asked-for iterations it reaches, and always its last.
+        args.rl_validate_at = tuple(
+            sorted({i for i in args.rl_validate_at if i < args.rl_iterations} | {args.rl_iterations})
+        )
     if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
         p.error(
             f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
@@ -367,7 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search import ENV_ID
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
     from rllib_search.algos.demonstrations import teacher_rollouts
-    from rllib_search.algos.evaluation import Estimate, paired_gain, score_predictions
+    from rllib_search.algos.evaluation import (
+        Estimate,
+        paired_gain,
+        per_question_metrics,
+        score_predictions,
+    )
     from rllib_search.algos.evaluation_cache import EvaluationCache
     from rllib_search.algos.fork_calibration import (
         ForkCalibration,
@@ -671,6 +729,20 @@ def main(argv: list[str] | None = None) -> int:
         start_forks = read_policy_forks()
         bound = start_forks[1]["goes_on"] + args.rl_stop_on_fork_rise
         say(f"RL stops after the first iteration whose 1-hop P(',') exceeds {bound:.2f}")
+    validation = {h: fork_questions[h][: args.validation_questions] for h in (1, 2)}
+    readings: list[dict[str, Any]] = []  # --rl-validate-at: the readings, in order
+    kept_weights = None  # the weights of the best reading so far, while later iterations change them
+
+    def validate(iteration: int) -> dict[str, Any]:
+        """Greedy answers of the current policy on the validation questions: right answers per hop count."""
+        reading: dict[str, Any] = {"iteration": iteration, "correct": 0}
+        for hops, records in validation.items():
+            answers = [r.answer for r in grpo.evaluate_questions(records, temperature=0.0)]
+            em = per_question_metrics(answers, [r.golden_answers for r in records], ("em",))["em"]
+            reading[f"em_{hops}hop"] = float(em.mean())
+            reading["correct"] += int(em.sum())
+        return reading
+
     for iteration in range(1, args.rl_iterations + 1):
         result = grpo.train()
         runners, learner = result["env_runners"], result["learners"]
@@ -693,12 +765,40 @@ def main(argv: list[str] | None = None) -> int:
             f"train {row['trained_tokens_per_s']:.0f} tok/s  kl {row['kl']:.4f}"
             + (f"  {describe(row['forks'])}" if args.rl_read_forks else "")
         )
+        stops = False
         if args.rl_stop_on_fork_rise is not None:
             rise = row["forks"][1]["goes_on"] - start_forks[1]["goes_on"]
             if rise > args.rl_stop_on_fork_rise:
                 say(f"1-hop P(',') {rise:+.2f} over the warm start's: RL stops after iteration {iteration}")
                 rl_stopped_at = iteration
-                break
+                stops = True
+        if args.rl_validate_at and (iteration in args.rl_validate_at or stops):
+            reading = validate(iteration)
+            row["validation"] = reading
+            readings.append(reading)
+            best = kept_reading(readings) is reading
+            last = stops or iteration == args.rl_iterations
+            if best and not last:
+                kept_weights = grpo.policy_weights()
+            say(
+                f"validation after iteration {iteration}: EM 1-hop {reading['em_1hop']:.3f}  "
+                f"EM 2-hop {reading['em_2hop']:.3f}  ({reading['correct']} of "
+                f"{sum(map(len, validation.values()))} right{', the best so far' if best else ''})"
+            )
+            if args.rl_validation_held_out:
+                held = evaluate(grpo, f"RL iteration {iteration}")
+                row["held_out"] = {k: held[k] for k in held if k.startswith(("em_", "searches_"))}
+        if stops:
+            break
+    kept_iteration = history[-1]["iteration"] if history else 0
+    if readings:
+        kept_iteration = kept_reading(readings)["iteration"]
+        if kept_iteration != history[-1]["iteration"]:
+            grpo.load_policy_weights(kept_weights)
+        say(
+            f"RL keeps iteration {kept_iteration}'s weights (the validation reading with the most right "
+            "answers)"
+        )
     table.append(evaluate(grpo, "after RL"))
     checkpoint = grpo.save_to_path(str((out / "checkpoint").resolve()))
     grpo.stop()
@@ -738,6 +838,11 @@ def main(argv: list[str] | None = None) -> int:
         "fork_calibration": calibration,
         "grpo": history,
         "rl_stopped_at": rl_stopped_at,
+        "rl_validation": {
+            "questions_per_hop": {str(h): len(validation[h]) for h in validation} if readings else None,
+            "readings": readings,
+            "kept_iteration": kept_iteration,
+        },
         "settings": {k: v for k, v in vars(args).items() if k != "metrics_port"},
         "checkpoint": str(checkpoint),
         "seconds": time.perf_counter() - started,

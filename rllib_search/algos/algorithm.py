@@ -33,6 +33,7 @@ a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and 
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -520,6 +521,21 @@ class SearchAlgorithm(Algorithm):
 
         options = {} if self.learner_group.is_local else {"remote_actor_ids": [0]}
         return next(iter(self.learner_group.foreach_learner(call, **options))).get()
+
+    def policy_weights(self) -> dict[str, Any]:
+        """A copy of the policy's weights as the learners hold them (``load_policy_weights`` puts it back):
+        a snapshot, e.g. of the iteration a validation reading prefers."""
+        # A local learner's state is numpy views of the live tensors: copied, or the next update changes it.
+        return copy.deepcopy(self.learner_group.get_weights())
+
+    def load_policy_weights(self, weights: dict[str, Any]) -> None:
+        """Put ``policy_weights()`` back on every learner and EnvRunner (the optimizer state is kept)."""
+        self._drain_sample_in_flight()
+        self.learner_group.set_weights(weights)
+        self.env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group, inference_only=True
+        )
+        self._push_to_remote_runners(weights=True)
 
     def retune_optimizer(self, lr: float | None = None, momentum: bool = True) -> None:
         """On every learner: the base learning rate ``lr`` (None: unchanged) and whether AdamW keeps its
