@@ -37,6 +37,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
         *("--fork-calibration", "--calibration-steps", "2", "--rl-read-forks", "--rl-recipe", "auto"),
+        *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -50,6 +51,16 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
     assert "forks: P(',')" in done.stdout.split("grpo iter  2/2")[1].splitlines()[0]
     assert summary["rl_stopped_at"] is None  # no --rl-stop-on-fork-rise: every iteration runs
+    # --rl-validate-at 1: readings after iterations 1 and 2 (the last), the kept one's weights evaluated.
+    validation = summary["rl_validation"]
+    assert [r["iteration"] for r in validation["readings"]] == [1, 2]
+    assert validation["questions_per_hop"] == {"1": 2, "2": 2}
+    best = max(r["correct"] for r in validation["readings"])
+    assert validation["kept_iteration"] == min(
+        r["iteration"] for r in validation["readings"] if r["correct"] == best
+    )
+    assert f"RL keeps iteration {validation['kept_iteration']}'s weights" in done.stdout
+    assert all(set(row["held_out"]) >= {"em_1hop", "em_2hop"} for row in summary["grpo"])
     settings = summary["settings"]
     assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
     assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
@@ -178,8 +189,11 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
         defaults.rl_stop_on_fork_rise is None
         and job.parse_args(["--rl-stop-on-fork-rise", "0.05"]).rl_read_forks
     )
-    # Validation readings: the asked-for iterations RL reaches, always with its last; the most right
-    # answers win, the later iteration on a tie.
+    # Validation readings (stop 45's default: after iterations 4, 6 and 8, 20 + 20 questions): the asked-for
+    # iterations RL reaches, always with its last; the most right answers win, the earliest on a tie.
+    assert defaults.rl_validate_at == (4, 6, 8) and defaults.validation_questions == 20
+    assert job.parse_args(["--rl-iterations", "5"]).rl_validate_at == (4, 5)
+    assert job.parse_args(["--smoke"]).rl_validate_at == (1,)
     assert job.parse_args(["--rl-validate-at", "4,6,12"]).rl_validate_at == (4, 6, 8)
     assert job.parse_args(["--rl-validate-at", "6,2", "--rl-iterations", "6"]).rl_validate_at == (2, 6)
     assert job.parse_args(["--rl-validate-at", ""]).rl_validate_at == ()
@@ -191,8 +205,9 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
         {"iteration": 6, "correct": 33},
         {"iteration": 8, "correct": 33},
     ]
-    assert job.kept_reading(readings)["iteration"] == 8
-    assert job.kept_reading([*readings[:2], {"iteration": 8, "correct": 32}])["iteration"] == 6
+    assert job.kept_reading(readings)["iteration"] == 6
+    assert job.kept_reading([*readings[:2], {"iteration": 8, "correct": 34}])["iteration"] == 8
+    assert job.kept_reading([{"iteration": 4, "correct": 35}, *readings[1:]])["iteration"] == 4
 
 
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,
