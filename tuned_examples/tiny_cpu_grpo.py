@@ -305,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=20,
         help="with --rl-validate-at: fork-reading questions per hop count answered at each reading (<= 30; "
-        "20 + 20 take about 28 s a reading on 2 cores)",
+        "20 + 20 take about 34 s a reading on 2 cores)",
     )
     p.add_argument(
         "--rl-validation-held-out",
