@@ -38,6 +38,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
         *("--fork-calibration", "--calibration-steps", "2", "--rl-read-forks", "--rl-recipe", "auto"),
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
+        *("--rl-dynamic-sampling", "2"),
     ]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -51,6 +52,12 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
     assert "forks: P(',')" in done.stdout.split("grpo iter  2/2")[1].splitlines()[0]
     assert summary["rl_stopped_at"] is None  # no --rl-stop-on-fork-rise: every iteration runs
+    # --rl-dynamic-sampling 2: at most 2 rounds an iteration, the second only while fewer than 2 (--prompts)
+    # groups with differing rewards are held.
+    for row in summary["grpo"]:
+        assert 1 <= row["sample_rounds"] <= 2 and 0 <= row["informative_groups"] <= 2
+        assert row["informative_groups"] == 2 or row["sample_rounds"] == 2
+    assert "informative groups" in done.stdout
     # --rl-validate-at 1: readings after iterations 1 and 2 (the last), the kept one's weights evaluated.
     validation = summary["rl_validation"]
     assert [r["iteration"] for r in validation["readings"]] == [1, 2]

@@ -371,6 +371,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "loss does not credit), 0: greedy, as held-out evaluation runs them (with --rl-trained-turns 0 "
         "every turn is credited and sampled at --temperature)",
     )
+    p.add_argument(
+        "--rl-dynamic-sampling",
+        type=int,
+        default=0,
+        help="GRPO: DAPO's dynamic sampling, at most this many sample rounds an iteration until it holds "
+        "--prompts groups whose rewards differ; only those are trained (0: off, every group as sampled)",
+    )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument(
         "--eval-cache",
@@ -711,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts_per_sample=prompts,
             balance_by="num_hops" if balance_hops else None,
             execution_temperature=args.execution_temperature,
+            dynamic_sampling_rounds=args.rl_dynamic_sampling,
         )
         .training(
             lr=args.rl_lr,
@@ -765,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
             "trained_tokens_per_s": learner["trained_tokens_per_s"],
             "kl": learner["default_policy"].get("kl", 0.0),  # absent when kl_coeff is 0
         }
+        if args.rl_dynamic_sampling:
+            row["sample_rounds"] = runners["sample_rounds"]
+            row["informative_groups"] = runners["informative_groups"]
         if args.rl_read_forks:
             row["forks"] = read_policy_forks()
         history.append(row)
@@ -773,6 +784,11 @@ def main(argv: list[str] | None = None) -> int:
             f"EM {row['exact_match']:.3f}  "
             f"searches {row['searches']:.2f}  gen {row['generation_tokens_per_s']:.0f} tok/s  "
             f"train {row['trained_tokens_per_s']:.0f} tok/s  kl {row['kl']:.4f}"
+            + (
+                f"  rounds {row['sample_rounds']} informative groups {row['informative_groups']}"
+                if args.rl_dynamic_sampling
+                else ""
+            )
             + (f"  {describe(row['forks'])}" if args.rl_read_forks else "")
         )
         stops = False

@@ -3,7 +3,10 @@
 One training step:
 
 1. **sample**: every EnvRunner (the local one when there are no remote ones) rolls out
-   ``prompts_per_sample`` questions x ``group_size`` episodes (:class:`LLMEnvRunner`);
+   ``prompts_per_sample`` questions x ``group_size`` episodes (:class:`LLMEnvRunner`); with
+   ``rollouts(dynamic_sampling_rounds=N)`` groups of equal rewards are dropped and the runners sample again,
+   up to N rounds, until the iteration holds a round's worth of groups with differing rewards
+   (DAPO's dynamic sampling, ``dynamic_sampling.py``);
 2. **rewards -> episode advantages**, over whole groups and before anything is sharded across learners
    (RLlib's sharding would split groups): GRPO's (r - mean_g) / (std_g + eps); REINFORCE++'s r - mean_g;
    PPO's raw outcome reward (its GAE needs the critic, so it runs in the learner);
@@ -61,6 +64,7 @@ from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
 from rllib_search.algos.batching import credit_after, keep_first_turns, pad_rollouts
 from rllib_search.algos.checkpoint_check import check_checkpoint
 from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
+from rllib_search.algos.dynamic_sampling import informative_groups
 from rllib_search.algos.reward_schedule import RewardSchedule
 from rllib_search.algos.rollout import Rollout
 from rllib_search.algos.shuffled_sampler import ShuffledSampler
@@ -175,7 +179,11 @@ class SearchAlgorithm(Algorithm):
             dashboard_metrics.install(self)
 
     def training_step(self) -> None:
-        rollouts = self.sample_rollouts()
+        rollouts = (
+            self.sample_informative_rollouts()
+            if self.config.dynamic_sampling_rounds
+            else self.sample_rollouts()
+        )
         if self.config.colocate:  # the learners get the GPU memory until the new weights are in the engines
             self._foreach_runner(lambda runner: runner.release_engine())
         batch = train_batch(
@@ -200,7 +208,7 @@ class SearchAlgorithm(Algorithm):
                     )
                 },
                 num_epochs=self.config.num_epochs,
-                minibatch_size=self.config.minibatch_size,
+                minibatch_size=self._minibatch_size(len(batch.policy_batches[DEFAULT_MODULE_ID])),
                 shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
             )
             seconds = time.perf_counter() - started
@@ -222,6 +230,17 @@ class SearchAlgorithm(Algorithm):
             and (self.iteration + 1) % self.config.held_out_interval == 0
         ):
             self.metrics.log_dict(self.evaluate_held_out(), key="evaluation", window=1)
+
+    def _minibatch_size(self, rows: int) -> int | None:
+        """The configured mini-batch size; under dynamic sampling, whose batches vary in size, the size
+        that splits ``rows`` into as many mini-batches as the configured size would need, as even as they
+        go (RLlib's iterator cycles to fill a mini-batch: 24 rows in sixteens would train 8 of them twice;
+        in twelves, none)."""
+        size = self.config.minibatch_size
+        if not size or not self.config.dynamic_sampling_rounds:
+            return size
+        count = -(-rows // int(size))
+        return -(-rows // count)
 
     def next_ptx_demonstrations(self) -> list[Rollout]:
         """The next ``ptx_batch_size`` PPO-ptx demonstrations (none without ``config.ptx``)."""
@@ -307,6 +326,24 @@ class SearchAlgorithm(Algorithm):
             (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), steps, reduce="lifetime_sum"
         )
         return [rollout for rollouts in per_runner for rollout in rollouts]
+
+    def sample_informative_rollouts(self) -> list[Rollout]:
+        """DAPO's dynamic sampling: ``sample_rollouts`` rounds (at most ``dynamic_sampling_rounds``) until
+        the groups whose rewards differ number one round's groups; those groups (the first ones, whole), or
+        the last round as sampled when no round gave one."""
+        rounds = int(self.config.dynamic_sampling_rounds)
+        wanted = int(self.config.prompts_per_sample) * max(1, self.env_runner_group.num_remote_env_runners())
+        kept: list[list[Rollout]] = []
+        sampled: list[Rollout] = []
+        taken = 0
+        while taken < rounds and len(kept) < wanted:
+            sampled = self.sample_rollouts()
+            taken += 1
+            kept.extend(informative_groups(sampled))
+        kept = kept[:wanted]
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "sample_rounds"), taken, window=1)
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "informative_groups"), len(kept), window=1)
+        return [rollout for group in kept for rollout in group] if kept else sampled
 
     def _remote_runner_ids(self) -> list[int]:
         return list(range(1, self.env_runner_group.num_remote_env_runners() + 1))  # = worker indices
