@@ -775,8 +775,8 @@ def main(argv: list[str] | None = None) -> int:
             "kl": learner["default_policy"].get("kl", 0.0),  # absent when kl_coeff is 0
         }
         if args.rl_dynamic_sampling:
-            row["sample_rounds"] = runners["sample_rounds"]
-            row["informative_groups"] = runners["informative_groups"]
+            row["sample_rounds"] = int(runners["sample_rounds"])
+            row["informative_groups"] = int(runners["informative_groups"])
         if args.rl_read_forks:
             row["forks"] = read_policy_forks()
         history.append(row)

@@ -45,9 +45,8 @@ class SearchConfig(AlgorithmConfig):
         self.colocate = False
         self.one_step_off = False
         self.balance_by: str | None = None
-        self.dynamic_sampling_rounds = (
-            0  # DAPO's dynamic sampling: at most this many sample() rounds (0: off)
-        )
+        # DAPO's dynamic sampling: at most this many sample() rounds an iteration (0: off).
+        self.dynamic_sampling_rounds = 0
         # Training (Search-R1's defaults; the subclasses in algos/configs.py set each algorithm's own).
         self.advantage_estimator = "grpo"
         self.lr = 1e-6
