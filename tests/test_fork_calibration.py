@@ -12,9 +12,11 @@ import torch
 
 from rllib_search.algos.configs import SearchSFTConfig
 from rllib_search.algos.fork_calibration import (
+    FOLLOW,
     ForkCalibration,
     calibrate_forks,
     calibration_demonstrations,
+    follow_position,
     fork_positions,
 )
 from rllib_search.algos.losses import masked_mean
@@ -101,6 +103,64 @@ def test_a_pair_of_plans_is_the_soft_cross_entropy_at_the_second_fork(calibratio
     assert float(masked_mean(nll, mask, "sequence")) == pytest.approx(expected / 2, rel=1e-5)
 
 
+def test_two_turns_keep_the_turn_after_the_first_search_as_the_plan_says(
+    world, smollm2_tokenizer, questions, calibration_set
+):
+    """With turns=2 each demonstration also keeps its second turn: the plan that goes on restates its next
+    clause and searches again, the hesitant plan and the 1-hop turn answer; the token after the restated plan
+    is weighted as a fork."""
+    contexts, first_turns = calibration_set
+    config = SearchEnvConfig.from_dict(ENV_SETTINGS)
+    demos = calibration_demonstrations(
+        smollm2_tokenizer,
+        BM25Retriever(world.passages),
+        questions,
+        contexts,
+        config,
+        dataclasses.replace(SETTINGS, turns=2),
+        seed=0,
+    )
+    assert len(demos) == len(first_turns)
+    for k in range(3):
+        one, full, hesitant = demos[3 * k : 3 * k + 3]
+        seconds = {}
+        for name, rollout, first_turn in zip(
+            ("one", "full", "hesitant"), (one, full, hesitant), first_turns[3 * k : 3 * k + 3]
+        ):
+            assert len(rollout.turn_spans) == 2
+            # The first turn and its fork weights are the ones calibration keeps with turns=1; the weights
+            # scale with the generated tokens, now both turns'.
+            end = rollout.turn_spans[0][1]
+            assert np.array_equal(rollout.token_ids[:end], first_turn.token_ids[:end])
+            scale = float(rollout.loss_mask.sum()) / float(first_turn.loss_mask.sum())
+            heavy = first_turn.nll_weights[:end] > 1.0
+            assert np.allclose(rollout.nll_weights[:end][heavy], first_turn.nll_weights[:end][heavy] * scale)
+            # The second turn: weight 1, but emphasis at the token after its restated plan.
+            second_start, second_end = rollout.turn_spans[1]
+            alternatives = {
+                kind: smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+                for kind, text in FOLLOW.items()
+            }
+            follow, kind = follow_position(rollout, alternatives)
+            assert kind == ("search" if name == "full" else "answer")
+            assert second_start < follow < second_end
+            generated = float(rollout.loss_mask.sum())
+            assert rollout.nll_weights[follow] == pytest.approx(SETTINGS.emphasis * generated)
+            rest = [p for p in range(second_start, second_end) if p != follow]
+            assert np.all(rollout.nll_weights[rest] == rollout.loss_mask[rest])
+            seconds[name] = (
+                smollm2_tokenizer.decode(rollout.token_ids[second_start:follow]),
+                smollm2_tokenizer.decode(rollout.token_ids[follow:second_end]),
+            )
+        # Restated plan | what follows it.
+        assert seconds["one"][0].rstrip().endswith(".") and "then" not in seconds["one"][0]
+        assert seconds["one"][1].startswith(" </think>") and "<answer>" in seconds["one"][1]
+        assert seconds["full"][0].rstrip().endswith(".") and ", then its" in seconds["full"][0]
+        assert seconds["full"][1].startswith(" Next I need") and "<search>" in seconds["full"][1]
+        assert seconds["hesitant"][0].rstrip().endswith(", then answer.")
+        assert seconds["hesitant"][1].startswith(" </think>") and "<answer>" in seconds["hesitant"][1]
+
+
 @pytest.mark.slow
 def test_calibration_trains_in_order_without_momentum_and_stops_in_the_window(
     ray_cluster, tmp_path, world, corpus, smollm2_tokenizer, calibration_set
@@ -161,6 +221,12 @@ def test_calibration_trains_in_order_without_momentum_and_stops_in_the_window(
     algo.stop()
 
 
+def test_a_turn_without_a_follow_token_is_refused(calibration_set):
+    _, first_turns = calibration_set
+    with pytest.raises(ValueError, match="no second turn"):
+        follow_position(first_turns[0], {"search": [0]})
+
+
 def test_calibration_needs_both_kinds_of_question(world, smollm2_tokenizer, questions):
     config = SearchEnvConfig.from_dict(ENV_SETTINGS)
     with pytest.raises(ValueError, match="1-hop and 2-hop"):
@@ -176,3 +242,5 @@ def test_the_settings_are_checked():
         ForkCalibration(lr=0.0)
     with pytest.raises(ValueError, match="min_steps"):
         ForkCalibration(min_steps=3, max_steps=2)
+    with pytest.raises(ValueError, match="turns"):
+        ForkCalibration(turns=3)

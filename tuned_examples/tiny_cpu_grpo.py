@@ -26,7 +26,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    (``--fork-calibration``, on by default, ``algos/fork_calibration.py``) then trains on the teacher's
    first turns with P(" its") as a soft target (0.3), without momentum, until the forks read on 30 + 30
    training questions used nowhere else lie in the window that leaves RL a second search to lift (at most
-   8 steps, about 15 s each).
+   8 steps, about 15 s each). ``--calibration-turns 2`` (off) also trains each demonstration's turn after
+   the first search, the token after its restated plan weighted as a fork (" Next" and a second search,
+   or the thought closed and the answer), at about 25 s a step.
 4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on training questions that were
    never demonstrated; a line per iteration (reward, EM, searches, tokens/s). It credits only each
    episode's first turn (``--rl-trained-turns 1``): the plan and the first query, so whether the plan goes
@@ -225,6 +227,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="the calibration's fewest steps (then the window)",
+    )
+    p.add_argument(
+        "--calibration-turns",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="the teacher's turns each calibration demonstration keeps: 1, the plan's turn; 2, also the "
+        "turn after the first search, which follows the plan (a second search or the answer)",
     )
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
@@ -649,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                 lr=args.calibration_lr,
                 max_steps=args.calibration_steps,
                 min_steps=args.calibration_min_steps,
+                turns=args.calibration_turns,
             )
             calibration_questions = {
                 h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)

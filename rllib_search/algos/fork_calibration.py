@@ -39,6 +39,9 @@ from rllib_search.algos.rollout import Rollout
 from rllib_search.data.records import QARecord
 from rllib_search.env.search_env import SearchEnvConfig
 
+# After the second turn's restated plan: search again (" Next I need ...") or close the thought and answer.
+FOLLOW = {"search": " Next", "answer": " </think>"}
+
 
 @dataclass(frozen=True)
 class ForkCalibration:
@@ -53,6 +56,12 @@ class ForkCalibration:
     questions_per_step: int = 6
     max_steps: int = 8
     min_steps: int = 1
+    turns: int = 1
+
+    # ``turns`` 2 also keeps each demonstration's second turn: after the first search the teacher's thought
+    # restates the plan's next clause, and the token after it (``FOLLOW``: " Next" and a second search where
+    # the clause says ", then its ...", the thought closed and the answer where it says ", then answer" or
+    # nothing) is weighted ``emphasis``, so the plan's next step is trained with the plan, not the plan alone.
 
     def __post_init__(self) -> None:
         if not 0.0 < self.its_target < 1.0:
@@ -61,6 +70,8 @@ class ForkCalibration:
             raise ValueError(f"emphasis and lr must be positive, the counts at least 1: {self}")
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(f"min_steps must lie in 1..max_steps, got {self.min_steps}")
+        if self.turns not in (1, 2):
+            raise ValueError(f"turns must be 1 (the plan's turn) or 2 (and the turn after), got {self.turns}")
 
 
 def fork_positions(rollout: Rollout, context: ForkContext) -> tuple[int, int | None]:
@@ -77,6 +88,27 @@ def fork_positions(rollout: Rollout, context: ForkContext) -> tuple[int, int | N
     return first, (first + len(then) if goes_on else None)
 
 
+def follow_position(rollout: Rollout, alternatives: dict[str, Sequence[int]]) -> tuple[int, str]:
+    """Where the second turn of ``rollout`` decides whether to follow its restated plan with another search
+    or to answer, and which it does: the earliest place the turn generated one of ``alternatives`` (kind ->
+    token ids of ``FOLLOW``'s texts), past the ids they share (a tokenizer may start both with a space).
+    Raises ValueError when the rollout has no second turn or the turn has none of them."""
+    if len(rollout.turn_spans) < 2:
+        raise ValueError(f"{rollout.uid} has no second turn")
+    start, end = rollout.turn_spans[1]
+    ids = list(map(int, rollout.token_ids[start:end]))
+    shared = 0
+    for column in zip(*alternatives.values()):
+        if len(set(column)) > 1:
+            break
+        shared += 1
+    for offset in range(len(ids)):
+        for kind, marker in alternatives.items():
+            if ids[offset : offset + len(marker)] == list(marker):
+                return start + offset + shared, kind
+    raise ValueError(f"{rollout.uid}: its second turn neither searches again nor closes its thought")
+
+
 def calibration_demonstrations(
     tokenizer: Any,
     retriever: Any,
@@ -90,7 +122,7 @@ def calibration_demonstrations(
     weighted as the module docstring says, in batch order: the k-th 1-hop question's turn, then the k-th
     2-hop question's turn that goes on, then its turn that hesitates (the lists are zipped; the shorter
     decides). The teacher plays whole episodes (the retriever answers its searches; a few seconds for the
-    main job's 60 + 60 questions) and only their first turns are kept."""
+    main job's 60 + 60 questions) and only their first ``calibration.turns`` turns are kept."""
     if not records.get(1) or not records.get(2):
         raise ValueError(
             "calibration_demonstrations needs 1-hop and 2-hop questions (records[1], records[2])"
@@ -102,7 +134,7 @@ def calibration_demonstrations(
     }
     turns = {
         kind: [
-            keep_first_turns(rollout, 1)
+            keep_first_turns(rollout, calibration.turns)
             for rollout in teacher_rollouts(
                 tokenizer,
                 retriever,
@@ -122,6 +154,17 @@ def calibration_demonstrations(
         for pair in FORKS.values()
         for text in pair
     }
+    follow = {kind: tokenizer(text, add_special_tokens=False)["input_ids"] for kind, text in FOLLOW.items()}
+
+    def followed(rollout: Rollout, forks: dict[int, float], then: str) -> Rollout:
+        """``rollout`` weighted at ``forks`` and, with a second turn, at its follow token (``then``)."""
+        if calibration.turns == 2:
+            position, kind = follow_position(rollout, follow)
+            if kind != then:
+                raise ValueError(f"{rollout.uid}: its second turn does not {then} as its plan says")
+            forks = {**forks, position: emphasis}
+        return _weighted(rollout, forks)
+
     emphasis, its = calibration.emphasis, calibration.its_target
     demonstrations = []
     for one, full, hesitant, one_context, two_context in zip(
@@ -129,14 +172,17 @@ def calibration_demonstrations(
     ):
         first, _ = fork_positions(one, one_context)
         _expect(one, first, ids["."])
-        demonstrations.append(_weighted(one, {first: emphasis}))
-        for rollout, token, target in ((full, " its", its), (hesitant, " answer", 1.0 - its)):
+        demonstrations.append(followed(one, {first: emphasis}, "answer"))
+        for rollout, token, target, then in (
+            (full, " its", its, "search"),
+            (hesitant, " answer", 1.0 - its, "answer"),
+        ):
             first, second = fork_positions(rollout, two_context)
             if second is None:
                 raise ValueError(f"a 2-hop plan that does not go on ({rollout.uid})")
             _expect(rollout, first, ids[","])
             _expect(rollout, second, ids[token])
-            demonstrations.append(_weighted(rollout, {first: emphasis / 2, second: emphasis * target}))
+            demonstrations.append(followed(rollout, {first: emphasis / 2, second: emphasis * target}, then))
     return demonstrations
 
 
