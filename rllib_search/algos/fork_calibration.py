@@ -155,6 +155,7 @@ def calibration_demonstrations(
         for text in pair
     }
     follow = {kind: tokenizer(text, add_special_tokens=False)["input_ids"] for kind, text in FOLLOW.items()}
+    emphasis, its = calibration.emphasis, calibration.its_target
 
     def followed(rollout: Rollout, forks: dict[int, float], then: str) -> Rollout:
         """``rollout`` weighted at ``forks`` and, with a second turn, at its follow token (``then``)."""
@@ -165,7 +166,6 @@ def calibration_demonstrations(
             forks = {**forks, position: emphasis}
         return _weighted(rollout, forks)
 
-    emphasis, its = calibration.emphasis, calibration.its_target
     demonstrations = []
     for one, full, hesitant, one_context, two_context in zip(
         turns["one_hop"], turns["goes_on"], turns["hesitates"], contexts[1], contexts[2]
