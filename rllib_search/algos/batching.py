@@ -88,20 +88,31 @@ def keep_first_turns(rollout: Rollout, turns: int) -> Rollout:
     )
 
 
+def first_generated(
+    rollout: Rollout, marker: Sequence[int], start: int = 0, end: int | None = None
+) -> int | None:
+    """The first position in ``rollout.token_ids[start:end]`` where the policy generated the token ids
+    ``marker`` (every id generated, none inserted by the env), or None. The ids are compared as sampled: the
+    same text tokenised otherwise does not match."""
+    ids = np.asarray(rollout.token_ids)[start:end]
+    generated = np.asarray(rollout.loss_mask).astype(bool)[start:end]
+    width = len(marker)
+    if not 0 < width <= len(ids):
+        return None
+    windows = np.lib.stride_tricks.sliding_window_view(ids, width)
+    inside = np.lib.stride_tricks.sliding_window_view(generated, width).all(-1)
+    found = np.flatnonzero((windows == np.asarray(marker)).all(-1) & inside)
+    return start + int(found[0]) if len(found) else None
+
+
 def credit_after(rollout: Rollout, marker: Sequence[int]) -> Rollout:
     """``rollout`` with its loss mask cleared up to and including the first place the policy generated the
-    token ids ``marker`` (every id generated, none inserted by the env); cleared everywhere when it never
-    did. The ids are compared as sampled: the same text tokenised otherwise does not match."""
-    ids, generated = np.asarray(rollout.token_ids), np.asarray(rollout.loss_mask).astype(bool)
-    width = len(marker)
+    token ids ``marker`` (:func:`first_generated`); cleared everywhere when it never did."""
     mask = np.zeros_like(rollout.loss_mask)
-    if 0 < width <= len(ids):
-        windows = np.lib.stride_tricks.sliding_window_view(ids, width)
-        inside = np.lib.stride_tricks.sliding_window_view(generated, width).all(-1)
-        found = np.flatnonzero((windows == np.asarray(marker)).all(-1) & inside)
-        if len(found):
-            end = found[0] + width
-            mask[end:] = rollout.loss_mask[end:]
+    found = first_generated(rollout, marker)
+    if found is not None:
+        end = found + len(marker)
+        mask[end:] = rollout.loss_mask[end:]
     return replace(rollout, loss_mask=mask)
 
 

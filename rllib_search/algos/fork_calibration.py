@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from rllib_search.algos.batching import keep_first_turns
+from rllib_search.algos.batching import first_generated, keep_first_turns
 from rllib_search.algos.demonstrations import teacher_rollouts
 from rllib_search.algos.plan_forks import FORKS, ForkContext, ForkWindow
 from rllib_search.algos.rollout import Rollout
@@ -96,16 +96,19 @@ def follow_position(rollout: Rollout, alternatives: dict[str, Sequence[int]]) ->
     if len(rollout.turn_spans) < 2:
         raise ValueError(f"{rollout.uid} has no second turn")
     start, end = rollout.turn_spans[1]
-    ids = list(map(int, rollout.token_ids[start:end]))
     shared = 0
     for column in zip(*alternatives.values()):
         if len(set(column)) > 1:
             break
         shared += 1
-    for offset in range(len(ids)):
-        for kind, marker in alternatives.items():
-            if ids[offset : offset + len(marker)] == list(marker):
-                return start + offset + shared, kind
+    found = {
+        kind: position
+        for kind, marker in alternatives.items()
+        if (position := first_generated(rollout, marker, start, end)) is not None
+    }
+    if found:
+        kind = min(found, key=found.get)
+        return found[kind] + shared, kind
     raise ValueError(f"{rollout.uid}: its second turn neither searches again nor closes its thought")
 
 
