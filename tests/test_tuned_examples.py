@@ -37,6 +37,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
         *("--fork-calibration", "--calibration-steps", "2", "--calibration-turns", "2"),
+        *("--calibration-questions", "1"),
         *("--rl-read-forks", "--rl-recipe", "auto"),
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
         *("--rl-dynamic-sampling", "2"),
@@ -73,6 +74,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
     assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
     assert settings["lambda_retrieval"] == 0.1 and settings["calibration_turns"] == 2
+    assert settings["calibration_questions"] == 1
     # --sft-fork-window: the forks read after every step until they lie in the window or step 2 is done.
     read = summary["sft_forks"]
     assert [row["step"] for row in read] == list(range(1, summary["sft_steps_run"] + 1))
@@ -183,6 +185,7 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     defaults = job.parse_args([])
     assert defaults.rl_recipe == "balanced" and defaults.fork_calibration and defaults.rl_iterations == 8
     assert not defaults.rl_read_forks and defaults.calibration_turns == 1  # the plan's turn alone
+    assert defaults.calibration_questions == 6
     # Calibration pairs 1-hop and 2-hop questions and needs SFT: off without either, an error if asked for.
     assert job.parse_args(["--two-hop-demonstrations", "0"]).fork_calibration is False
     assert job.parse_args(["--warm-start", "runs/x/warm_start_model"]).fork_calibration is False

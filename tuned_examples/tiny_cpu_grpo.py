@@ -236,6 +236,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the teacher's turns each calibration demonstration keeps: 1, the plan's turn; 2, also the "
         "turn after the first search, which follows the plan (a second search or the answer)",
     )
+    p.add_argument(
+        "--calibration-questions",
+        type=int,
+        default=6,
+        help="questions a calibration step trains on (each gives one 1-hop and two 2-hop demonstrations)",
+    )
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=8e-5)
     p.add_argument(
@@ -660,15 +666,14 @@ def main(argv: list[str] | None = None) -> int:
                 max_steps=args.calibration_steps,
                 min_steps=args.calibration_min_steps,
                 turns=args.calibration_turns,
+                questions_per_step=args.calibration_questions,
             )
-            calibration_questions = {
-                h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)
-            }
+            calibration_records = {h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)}
             demonstrations = calibration_demonstrations(
                 tokenizer,
                 client,
-                calibration_questions,
-                {h: fork_contexts(calibration_questions[h], fork_env, tokenizer) for h in (1, 2)},
+                calibration_records,
+                {h: fork_contexts(calibration_records[h], fork_env, tokenizer) for h in (1, 2)},
                 SearchEnvConfig.from_dict(env_settings),
                 settings,
                 seed=args.seed,
