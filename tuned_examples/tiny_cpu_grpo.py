@@ -428,6 +428,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--fork-calibration needs 1-hop and 2-hop demonstration questions")
     if args.fork_calibration and not 1 <= args.calibration_min_steps <= args.calibration_steps:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
+    if args.calibration_questions < 1:
+        p.error(f"--calibration-questions must be at least 1, got {args.calibration_questions}")
     if args.rl_trained_turns is None:  # every turn is credited, so every turn is sampled at --temperature
         args.execution_temperature = None
     if not 1 <= args.validation_questions <= 30:
