@@ -186,8 +186,11 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert defaults.rl_recipe == "balanced" and defaults.fork_calibration and defaults.rl_iterations == 8
     assert not defaults.rl_read_forks and defaults.calibration_turns == 1  # the plan's turn alone
     assert defaults.calibration_questions == 6
-    with pytest.raises(SystemExit):
-        job.parse_args(["--calibration-questions", "0"])
+    # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
+    assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
+    for flag in ("--calibration-questions", "--micro-batch", "--rl-micro-batch"):
+        with pytest.raises(SystemExit):
+            job.parse_args([flag, "0"])
     # Calibration pairs 1-hop and 2-hop questions and needs SFT: off without either, an error if asked for.
     assert job.parse_args(["--two-hop-demonstrations", "0"]).fork_calibration is False
     assert job.parse_args(["--warm-start", "runs/x/warm_start_model"]).fork_calibration is False
