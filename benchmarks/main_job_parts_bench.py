@@ -33,19 +33,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 import torch
-from gymnasium import spaces
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_search import ENV_ID
 from rllib_search.algos.config import SearchConfig
-from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.algos.env_runner import LLMEnvRunner
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.llm.models import load_tokenizer
 from rllib_search.serve.bm25 import BM25Retriever
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.learner_bench
+
+from benchmarks.learner_bench import build_learner  # noqa: E402
 
 
 def timed(fn) -> tuple[float, object]:
@@ -134,16 +135,6 @@ def grpo_batch(vocab: int, prompt_tokens: int, seed: int = 0) -> dict[str, np.nd
     }
 
 
-def grpo_learner(model: str, micro: int):
-    config = (
-        SearchGRPOConfig()
-        .rl_module(model_config={"model": model})
-        .training(lr=5e-6, kl_coeff=0.001, micro_batch_size=micro, minibatch_size=16)
-    )
-    space = spaces.Sequence(spaces.Discrete(len(load_tokenizer(model))), stack=True)
-    return config.build_learner(spaces={DEFAULT_MODULE_ID: (space, space)})
-
-
 def weights(learner) -> dict[str, torch.Tensor]:
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     return {name: p.detach().clone() for name, p in module.named_parameters()}
@@ -152,7 +143,8 @@ def weights(learner) -> dict[str, torch.Tensor]:
 def bench_learner(model: str, prompt_tokens: int, repeats: int) -> dict[str, float]:
     """Micro-batches of 4 against 16 on the same GRPO batch, alternating; then one update of each from
     the same weights, compared."""
-    learners = {micro: grpo_learner(model, micro) for micro in (4, 16)}
+    # The main job's GRPO learner settings (grad clip 1.0 is the config's default there too).
+    learners = {micro: build_learner(model, micro, kl_coeff=0.001, lr=5e-6) for micro in (4, 16)}
     vocab = int(learners[4].module[DEFAULT_MODULE_ID].unwrapped().model.config.vocab_size)
     batch = grpo_batch(vocab, prompt_tokens)
     multi = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=32)
