@@ -89,11 +89,11 @@ def search_batch(
     }
 
 
-def build_learner(model: str, micro: int, kl_coeff: float, lr: float = 1e-5):
+def build_learner(model: str, micro: int, kl_coeff: float, lr: float = 1e-5, autocast: bool | None = None):
     config = (
         SearchGRPOConfig()
         .rl_module(model_config={"model": model})
-        .training(lr=lr, kl_coeff=kl_coeff, micro_batch_size=micro, grad_clip=1.0)
+        .training(lr=lr, kl_coeff=kl_coeff, micro_batch_size=micro, grad_clip=1.0, autocast=autocast)
     )
     vocab = len(load_tokenizer(model))
     space = spaces.Sequence(spaces.Discrete(vocab), stack=True)

@@ -55,8 +55,9 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def evaluation_runner(model: str) -> tuple[LLMEnvRunner, dict[int, list]]:
-    """A local EnvRunner with the main job's env settings, and the world's test questions by hop count."""
+def evaluation_runner(model: str, engine_dtype: str | None = None) -> tuple[LLMEnvRunner, dict[int, list]]:
+    """A local EnvRunner with the main job's env settings (the engine's weights in ``engine_dtype``), and the
+    world's test questions by hop count."""
     world = generate_world(SyntheticWorldConfig(seed=0))
     env_config = {
         "retriever": BM25Retriever(world.passages),
@@ -71,7 +72,7 @@ def evaluation_runner(model: str) -> tuple[LLMEnvRunner, dict[int, list]]:
         SearchConfig()
         .environment(ENV_ID, env_config=env_config)
         .rl_module(model_config={"model": model})
-        .rollouts(max_turn_tokens=48)
+        .rollouts(max_turn_tokens=48, engine_dtype=engine_dtype)
         .debugging(seed=0)
     )
     by_hops = {h: [r for r in world.test if r.extra["num_hops"] == h] for h in (1, 2)}

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from rllib_search.llm.models import cpu_has_native_bf16
 from rllib_search.serve.encoders import (
     BGE_INSTRUCTION,
     DEFAULT_ENCODER,
     EncoderSpec,
     TextEncoder,
-    cpu_has_native_bf16,
     resolve_dtype,
     resolve_model_path,
 )

@@ -3,6 +3,8 @@ weight sync, data position and metrics."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -324,3 +326,42 @@ def test_turns_after_the_trained_ones_run_at_the_execution_temperature(tiny_mode
             np.testing.assert_array_equal(rollout.token_ids[start:end], best[start - 1 : end - 1])
             later += end - start
     assert later > 0 and first_not_greedy > 0  # the first turns were sampled, not greedy
+
+
+def test_a_bf16_engine_on_the_cpu_generates_with_the_learners_weights_cast(
+    tiny_model_dir, world, retriever, caplog
+):
+    """``rollouts(engine_dtype="bfloat16")``: the runner's copy (the engine's weights) is bf16 on the CPU too,
+    a learner's fp32 state loads into it cast, and episodes still come out token-exact and finite. On a CPU
+    that only emulates bf16 the runner says so."""
+    import torch
+
+    from rllib_search.llm.models import cpu_has_native_bf16
+
+    greedy = {"temperature": 0.0}
+    fp32 = LLMEnvRunner(config=make_config(tiny_model_dir, world.train, retriever, **greedy))
+    with caplog.at_level(logging.WARNING, logger="rllib_search.algos.env_runner"):
+        bf16 = LLMEnvRunner(
+            config=make_config(tiny_model_dir, world.train, retriever, **greedy, engine_dtype="bfloat16")
+        )
+    assert ("PyTorch emulates bf16" in caplog.text) == (not cpu_has_native_bf16())
+    assert {p.dtype for p in fp32.module.model.parameters()} == {torch.float32}
+    assert {p.dtype for p in bf16.module.model.parameters()} == {torch.bfloat16}
+    rng = np.random.default_rng(0)
+    learner_state = {  # fp32, as a learner's weights travel
+        k: (v + 0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+        for k, v in fp32.module.get_state().items()
+    }
+    bf16.set_state({"rl_module": {"default_policy": learner_state}, "weights_version": 3})
+    for name, parameter in bf16.module.model.named_parameters():
+        expected = torch.as_tensor(learner_state[f"model.{name}"]).to(torch.bfloat16)
+        assert torch.equal(parameter.detach(), expected), name
+    episodes = bf16.sample()
+    assert episodes and all(e.weights_version == 3 for e in episodes)
+    for episode in episodes:
+        assert np.isfinite(episode.logprobs[episode.loss_mask > 0]).all()
+
+
+def test_an_unknown_engine_dtype_is_refused():
+    with pytest.raises(ValueError, match="engine_dtype must be one of"):
+        SearchConfig().rollouts(engine_dtype="int8").validate_rollouts()

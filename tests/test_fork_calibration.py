@@ -161,6 +161,34 @@ def test_two_turns_keep_the_turn_after_the_first_search_as_the_plan_says(
         assert seconds["hesitant"][1].startswith(" </think>") and "<answer>" in seconds["hesitant"][1]
 
 
+def test_the_second_turn_can_be_kept_on_the_two_hop_demonstrations_only(
+    world, smollm2_tokenizer, questions, calibration_set
+):
+    """``second_turn_hops=(2,)``: the 1-hop demonstrations are exactly the first turns of turns=1, the 2-hop
+    ones exactly those of turns=2 (both turns, the follow token weighted)."""
+    contexts, first_turns = calibration_set
+    retriever, config = BM25Retriever(world.passages), SearchEnvConfig.from_dict(ENV_SETTINGS)
+    two_turns = dataclasses.replace(SETTINGS, turns=2)
+    both = calibration_demonstrations(
+        smollm2_tokenizer, retriever, questions, contexts, config, two_turns, seed=0
+    )
+    two_hop_only = calibration_demonstrations(
+        smollm2_tokenizer,
+        retriever,
+        questions,
+        contexts,
+        config,
+        dataclasses.replace(SETTINGS, turns=2, second_turn_hops=(2,)),
+        seed=0,
+    )
+    assert len(two_hop_only) == len(both) == len(first_turns)
+    for k, rollout in enumerate(two_hop_only):
+        expected = first_turns[k] if k % 3 == 0 else both[k]  # every third is a 1-hop question's turn
+        assert len(rollout.turn_spans) == (1 if k % 3 == 0 else 2)
+        assert np.array_equal(rollout.token_ids, expected.token_ids)
+        assert np.array_equal(rollout.nll_weights, expected.nll_weights)
+
+
 @pytest.mark.slow
 def test_calibration_trains_in_order_without_momentum_and_stops_in_the_window(
     ray_cluster, tmp_path, world, corpus, smollm2_tokenizer, calibration_set
@@ -244,3 +272,5 @@ def test_the_settings_are_checked():
         ForkCalibration(min_steps=3, max_steps=2)
     with pytest.raises(ValueError, match="turns"):
         ForkCalibration(turns=3)
+    with pytest.raises(ValueError, match="second_turn_hops"):
+        ForkCalibration(turns=2, second_turn_hops=(3,))

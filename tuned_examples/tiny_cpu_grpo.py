@@ -237,6 +237,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "turn after the first search, which follows the plan (a second search or the answer)",
     )
     p.add_argument(
+        "--calibration-second-turn",
+        choices=("all", "2-hop"),
+        default="all",
+        help="with --calibration-turns 2: which demonstrations keep the turn after the first search (2-hop: "
+        "the 2-hop ones only, a third fewer tokens a step)",
+    )
+    p.add_argument(
         "--calibration-questions",
         type=int,
         default=6,
@@ -416,6 +423,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "prompts once (4 episodes: twice per group): the same update, 1.19x faster on 2 cores "
         "(benchmarks/main_job_parts_bench.py)",
     )
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the engine generates with bf16 weights and the learners train under bf16 autocast over their "
+        "fp32 master weights, as on a GPU. Only for a CPU with AVX512-BF16 or AMX (there a run took 464 s "
+        "against 840 s, docs/main_job.md stop 50); elsewhere bf16 is emulated and runs several times slower",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port of the local Ray (default: random)")
@@ -481,7 +496,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-    from rllib_search.llm.models import cache_dir, load_causal_lm, load_tokenizer, resolve_model_path
+    from rllib_search.llm.models import (
+        cache_dir,
+        cpu_has_native_bf16,
+        load_causal_lm,
+        load_tokenizer,
+        resolve_model_path,
+    )
     from rllib_search.recipes import embedded
     from rllib_search.recipes.jobs import connect
     from rllib_search.serve.client import RetrieverClient
@@ -508,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(1-hop {len(by_hops[1])}, 2-hop {len(by_hops[2])})"
     )
 
+    if args.bf16 and not cpu_has_native_bf16():
+        say(
+            "--bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated here, expect a slower run than fp32"
+        )
     for line in connect(num_cpus=2, metrics_port=args.metrics_port):
         say(line)
     retriever_spec, started_retriever = embedded.serve_retriever(world.index)
@@ -529,7 +554,12 @@ def main(argv: list[str] | None = None) -> int:
             cls()
             .environment(ENV_ID, env_config=env_config)
             .rl_module(model_config={"model": model})
-            .rollouts(max_turn_tokens=args.max_turn_tokens, temperature=args.temperature)
+            .rollouts(
+                max_turn_tokens=args.max_turn_tokens,
+                temperature=args.temperature,
+                engine_dtype="bfloat16" if args.bf16 else None,
+            )
+            .training(autocast=True if args.bf16 else None)
             .debugging(seed=args.seed)
             .dashboard_metrics(run_name="tiny_cpu_grpo")
         )
@@ -590,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_turn_tokens": args.max_turn_tokens,
             "questions": questions,
             "batch": "all hop counts",
+            **({"engine_dtype": "bfloat16"} if args.bf16 else {}),  # fp32 keys stay as they were
         }
         return evaluation_cache.key(model_dir, settings)
 
@@ -693,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_steps=args.calibration_steps,
                 min_steps=args.calibration_min_steps,
                 turns=args.calibration_turns,
+                second_turn_hops=(2,) if args.calibration_second_turn == "2-hop" else (1, 2),
                 questions_per_step=args.calibration_questions,
             )
             calibration_records = {h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)}

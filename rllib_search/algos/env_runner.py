@@ -97,7 +97,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         from gymnasium import spaces
 
         from rllib_search.algos.rl_module import DEFAULT_MODEL_CONFIG
-        from rllib_search.llm.models import default_device, load_tokenizer, resolve_model_path
+        from rllib_search.llm.models import (
+            cpu_has_native_bf16,
+            default_device,
+            load_tokenizer,
+            resolve_model_path,
+        )
 
         model_config = dict(self.config.model_config)
         self.model_name = str(model_config.get("model", DEFAULT_MODEL_CONFIG["model"]))
@@ -105,7 +110,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.module = None
             self.tokenizer = load_tokenizer(resolve_model_path(self.model_name))
             return
-        if model_config.get("dtype") is None and str(model_config.get("device") or default_device()) != "cpu":
+        on_cpu = str(model_config.get("device") or default_device()) == "cpu"
+        if self.config.engine_dtype is not None:
+            model_config["dtype"] = self.config.engine_dtype
+            if on_cpu and self.config.engine_dtype == "bfloat16" and not cpu_has_native_bf16():
+                logger.warning(
+                    "engine_dtype='bfloat16' on a CPU without AVX512-BF16 or AMX: PyTorch emulates bf16 "
+                    "and generation runs several times slower than in float32"
+                )
+        elif model_config.get("dtype") is None and not on_cpu:
             model_config["dtype"] = "bfloat16"  # the runner's copy only generates: bf16 on a GPU
         spec = self.config.get_default_rl_module_spec()
         spec.model_config = model_config
@@ -143,6 +156,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if self.config.engine == "vllm":
             from rllib_search.llm.engines.vllm import VLLMEngine
 
+            if self.config.engine_dtype is not None:
+                options.setdefault("dtype", self.config.engine_dtype)
             return VLLMEngine(options.pop("model", self.model_name), **options)  # it resolves aliases
         from rllib_search.llm.engines.hf import HFEngine
         from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine

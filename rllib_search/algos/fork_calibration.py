@@ -57,11 +57,14 @@ class ForkCalibration:
     max_steps: int = 8
     min_steps: int = 1
     turns: int = 1
+    second_turn_hops: tuple[int, ...] = (1, 2)
 
     # ``turns`` 2 also keeps each demonstration's second turn: after the first search the teacher's thought
     # restates the plan's next clause, and the token after it (``FOLLOW``: " Next" and a second search where
     # the clause says ", then its ...", the thought closed and the answer where it says ", then answer" or
     # nothing) is weighted ``emphasis``, so the plan's next step is trained with the plan, not the plan alone.
+    # ``second_turn_hops`` (2,) keeps it on the 2-hop demonstrations only (a third fewer tokens a step): a
+    # 1-hop turn after its search already closes its thought after SFT (docs/main_job.md, stop 47).
 
     def __post_init__(self) -> None:
         if not 0.0 < self.its_target < 1.0:
@@ -72,6 +75,8 @@ class ForkCalibration:
             raise ValueError(f"min_steps must lie in 1..max_steps, got {self.min_steps}")
         if self.turns not in (1, 2):
             raise ValueError(f"turns must be 1 (the plan's turn) or 2 (and the turn after), got {self.turns}")
+        if not self.second_turn_hops or not set(self.second_turn_hops) <= {1, 2}:
+            raise ValueError(f"second_turn_hops must name hop counts 1 and/or 2, got {self.second_turn_hops}")
 
 
 def fork_positions(rollout: Rollout, context: ForkContext) -> tuple[int, int | None]:
@@ -135,9 +140,11 @@ def calibration_demonstrations(
         "goes_on": (records[2], 0.0),  # no 2-hop demonstration hesitates
         "hesitates": (records[2], 1.0),  # every one does
     }
+    hops = {"one_hop": 1, "goes_on": 2, "hesitates": 2}
+    kept = {kind: calibration.turns if hops[kind] in calibration.second_turn_hops else 1 for kind in teach}
     turns = {
         kind: [
-            keep_first_turns(rollout, calibration.turns)
+            keep_first_turns(rollout, kept[kind])
             for rollout in teacher_rollouts(
                 tokenizer,
                 retriever,
@@ -162,7 +169,7 @@ def calibration_demonstrations(
 
     def followed(rollout: Rollout, forks: dict[int, float], then: str) -> Rollout:
         """``rollout`` weighted at ``forks`` and, with a second turn, at its follow token (``then``)."""
-        if calibration.turns == 2:
+        if len(rollout.turn_spans) > 1:
             position, kind = follow_position(rollout, follow)
             if kind != then:
                 raise ValueError(f"{rollout.uid}: its second turn does not {then} as its plan says")

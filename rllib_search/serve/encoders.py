@@ -22,6 +22,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from rllib_search.llm.models import cpu_has_native_bf16
+
 # Search-R1's retriever.
 DEFAULT_ENCODER = "intfloat/e5-base-v2"
 # Alias -> the PyPI package whose files hold the model folder.
@@ -159,13 +161,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX), where bf16 halves the cost
-    of a batched encoder pass. torch exposes the check only privately, so a missing helper means no."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
