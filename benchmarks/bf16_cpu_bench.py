@@ -12,8 +12,8 @@ Worth it only on a CPU with bf16 matrix units (``avx512_bf16`` or ``amx_bf16`` i
 in the result): without them PyTorch emulates bf16 and it runs slower. Medians over ``--repeats``
 alternating repeats (the first of each a warm-up, not counted). Run it with a main job's warm start (the base
 model never closes a turn). Prints a final JSON line and writes ``benchmarks/results/bf16_cpu.json``
-(``_quick`` with ``--quick``: 2 repeats, 20 + 20 questions; ``--questions`` and ``--repeats`` for a slow
-machine).
+(``_quick`` with ``--quick``: 2 repeats, 20 + 20 questions; ``--questions``, ``--repeats`` and ``--parts``
+for a slow machine).
 
     python benchmarks/bf16_cpu_bench.py --model runs/tiny_cpu_grpo/warm_start_model [--quick]
 """
@@ -123,7 +123,16 @@ def main() -> None:
     parser.add_argument("--questions", type=int, help="held-out questions a hop count (50; quick: 20)")
     parser.add_argument("--prompt-tokens", type=int, default=110, help="the compact prompt and a question")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--parts",
+        default="evaluation,grpo_update",
+        help="comma-separated: evaluation, grpo_update (on a CPU without bf16 units one emulated bf16 "
+        "update takes over 10x fp32's)",
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts or not parts <= {"evaluation", "grpo_update"}:
+        parser.error(f"--parts takes evaluation and/or grpo_update, got {args.parts!r}")
     torch.set_num_threads(args.threads)
     repeats = 2 if args.quick else args.repeats
     result: dict[str, object] = {
@@ -134,11 +143,13 @@ def main() -> None:
         "cpu_bf16_flags": cpu_bf16_flags(),
         "repeats": repeats,
     }
-    size = args.questions or (20 if args.quick else 50)
-    print(f"held-out evaluation: {size} + {size} questions", flush=True)
-    result["evaluation"] = bench_evaluation(args.model, size, repeats)
-    print("GRPO learner update", flush=True)
-    result["grpo_update"] = bench_learner(args.model, args.prompt_tokens, repeats)
+    if "evaluation" in parts:
+        size = args.questions or (20 if args.quick else 50)
+        print(f"held-out evaluation: {size} + {size} questions", flush=True)
+        result["evaluation"] = bench_evaluation(args.model, size, repeats)
+    if "grpo_update" in parts:
+        print("GRPO learner update", flush=True)
+        result["grpo_update"] = bench_learner(args.model, args.prompt_tokens, repeats)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "bf16_cpu_quick.json" if args.quick else "bf16_cpu.json"
     (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
