@@ -7,6 +7,10 @@
    choices) and each one's EM.
 2. The GRPO learner's update: one ``update`` of a batch shaped like a main-job iteration in fp32 against
    under bf16 autocast over the fp32 master weights (``training(autocast=True)``, what ``--bf16`` sets).
+3. ``--parts int8_evaluation`` (not run by default): the same evaluation with the fp32 engine against one
+   whose linear layers are PyTorch's dynamic int8 ones (``torch.ao.quantization.quantize_dynamic``, fbgemm),
+   the lead for CPUs without bf16 units. It is why the engine has no int8 option: on an AVX2 EPYC it was
+   1.18x faster and changed most greedy answers (docs/main_job.md, stop 52).
 
 Worth it only on a CPU with bf16 matrix units (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``, printed
 in the result): without them PyTorch emulates bf16 and it runs slower. Medians over ``--repeats``
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -52,35 +57,68 @@ def cpu_bf16_flags() -> list[str]:
     return sorted(flag for flag in flags.split() if "bf16" in flag)
 
 
+def alternate_evaluations(
+    evaluations: dict[str, Callable[[], list]], questions: list, repeats: int
+) -> dict[str, object]:
+    """Time each of two evaluations of ``questions`` (``float32`` and one candidate, each returning its
+    rollout records), alternating; medians after a warm-up round; answers compared and scored."""
+    (candidate,) = [name for name in evaluations if name != "float32"]
+    runs: dict[str, list[float]] = {name: [] for name in evaluations}
+    answers: dict[str, list] = {}
+    for repeat in range(repeats + 1):
+        for name, evaluate in evaluations.items():
+            seconds, records = timed(evaluate)
+            answers[name] = [r.answer for r in records]
+            if repeat:  # the first round warms up the engine and its prefix cache
+                runs[name].append(seconds)
+            print(f"  evaluation {len(questions)} questions, {name:>8}: {seconds:6.1f}s", flush=True)
+    seconds = {name: median(values) for name, values in runs.items()}
+    gold = [q.golden_answers for q in questions]
+    return {
+        "float32_s": seconds["float32"],
+        f"{candidate}_s": seconds[candidate],
+        f"{candidate}_vs_float32_speedup": seconds["float32"] / seconds[candidate],
+        "same_answers": sum(a == b for a, b in zip(answers["float32"], answers[candidate])),
+        "questions": len(questions),
+        "em": {
+            name: sum(exact_match(a, g) for a, g in zip(answers[name], gold)) / len(questions)
+            for name in evaluations
+        },
+    }
+
+
 def bench_evaluation(model: str, questions_per_hop: int, repeats: int) -> dict[str, object]:
     """fp32 against bf16 engine weights on the same questions, alternating."""
     runners, questions = {}, []
     for dtype in DTYPES:
         runners[dtype], by_hops = evaluation_runner(model, engine_dtype=dtype)
         questions = [q for h in (1, 2) for q in by_hops[h][:questions_per_hop]]
-    runs: dict[str, list[float]] = {dtype: [] for dtype in DTYPES}
-    answers: dict[str, list] = {}
-    for repeat in range(repeats + 1):
-        for dtype, runner in runners.items():
-            seconds, records = timed(lambda runner=runner: runner.rollout_records(questions))
-            answers[dtype] = [r.answer for r in records]
-            if repeat:  # the first round warms up the engine and its prefix cache
-                runs[dtype].append(seconds)
-            print(f"  evaluation {len(questions)} questions, {dtype:>8} engine: {seconds:6.1f}s", flush=True)
-    seconds = {dtype: median(values) for dtype, values in runs.items()}
-    gold = [q.golden_answers for q in questions]
-    return {
-        "questions_per_hop": questions_per_hop,
-        "float32_s": seconds["float32"],
-        "bfloat16_s": seconds["bfloat16"],
-        "bfloat16_vs_float32_speedup": seconds["float32"] / seconds["bfloat16"],
-        "same_answers": sum(a == b for a, b in zip(answers["float32"], answers["bfloat16"])),
-        "questions": len(questions),
-        "em": {
-            dtype: sum(exact_match(a, g) for a, g in zip(answers[dtype], gold)) / len(questions)
-            for dtype in DTYPES
-        },
+    evaluations = {
+        dtype: (lambda runner=runner: runner.rollout_records(questions)) for dtype, runner in runners.items()
     }
+    return {"questions_per_hop": questions_per_hop, **alternate_evaluations(evaluations, questions, repeats)}
+
+
+def bench_int8_evaluation(model: str, questions_per_hop: int, repeats: int) -> dict[str, object]:
+    """fp32 against dynamic-int8 linear layers in the engine, on the same questions, alternating. One
+    runner; the int8 engine is a second prefix-caching engine over a quantized copy of its model."""
+    import copy
+
+    from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
+
+    runner, by_hops = evaluation_runner(model)
+    questions = [q for h in (1, 2) for q in by_hops[h][:questions_per_hop]]
+    quantized = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(runner.module.model), {torch.nn.Linear}, dtype=torch.qint8
+    )
+    engines = {"float32": runner.engine, "int8": PrefixCachingHFEngine(quantized, runner.tokenizer)}
+
+    def with_engine(engine: object) -> list:
+        runner.engine = engine
+        return runner.rollout_records(questions)
+
+    evaluations = {name: (lambda engine=engine: with_engine(engine)) for name, engine in engines.items()}
+    return {"questions_per_hop": questions_per_hop, **alternate_evaluations(evaluations, questions, repeats)}
 
 
 def bench_learner(model: str, prompt_tokens: int, repeats: int) -> dict[str, float]:
@@ -127,12 +165,12 @@ def main() -> None:
         "--parts",
         default="evaluation,grpo_update",
         help="comma-separated: evaluation, grpo_update (on a CPU without bf16 units one emulated bf16 "
-        "update takes over 10x fp32's)",
+        "update takes over 10x fp32's), int8_evaluation",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if not parts or not parts <= {"evaluation", "grpo_update"}:
-        parser.error(f"--parts takes evaluation and/or grpo_update, got {args.parts!r}")
+    if not parts or not parts <= {"evaluation", "grpo_update", "int8_evaluation"}:
+        parser.error(f"--parts takes evaluation, grpo_update and int8_evaluation, got {args.parts!r}")
     torch.set_num_threads(args.threads)
     repeats = 2 if args.quick else args.repeats
     result: dict[str, object] = {
@@ -147,6 +185,12 @@ def main() -> None:
         size = args.questions or (20 if args.quick else 50)
         print(f"held-out evaluation: {size} + {size} questions", flush=True)
         result["evaluation"] = bench_evaluation(args.model, size, repeats)
+    if "int8_evaluation" in parts:
+        size = args.questions or (20 if args.quick else 50)
+        print(
+            f"held-out evaluation, fp32 against dynamic int8 linears: {size} + {size} questions", flush=True
+        )
+        result["int8_evaluation"] = bench_int8_evaluation(args.model, size, repeats)
     if "grpo_update" in parts:
         print("GRPO learner update", flush=True)
         result["grpo_update"] = bench_learner(args.model, args.prompt_tokens, repeats)

@@ -18,7 +18,7 @@ from rllib_search.data.formats import corpus_jsonl_to_parquet, write_corpus_json
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.bm25 import BM25Retriever
 from rllib_search.serve.encoders import EncoderSpec, resolve_model_path
-from rllib_search.serve.index_build import build_index
+from rllib_search.serve.index_build import build_index, ensure_index
 from rllib_search.serve.index_cli import add_index_commands
 from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError, read_manifest
 from rllib_search.serve.index_search import SearchIndex
@@ -139,6 +139,33 @@ def test_bm25_index_scores_like_the_in_process_bm25(indexes, hops, world):
     reference = BM25Retriever(world.passages).search(queries, 3)
     for ours, theirs in zip(results, reference):
         np.testing.assert_allclose([p.score for p in ours], [p.score for p in theirs], rtol=1e-5)
+
+
+def test_ensure_index_builds_once_under_concurrent_callers_and_replaces_a_half_built_one(
+    corpus_jsonl, tmp_path, hops, bm25_dir
+):
+    """Four callers at once (threads: the same staging-and-rename as processes) leave one complete index
+    and no staging directory; a directory without a manifest (a build that stopped in place) is rebuilt."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path / "shared" / "bm25_index"
+    with ThreadPoolExecutor(4) as pool:
+        returned = list(pool.map(lambda _: ensure_index(corpus_jsonl, out, "bm25", progress=False), range(4)))
+    assert returned == [out] * 4 and sorted(p.name for p in out.parent.iterdir()) == ["bm25_index"]
+    queries = [h["query"] for h in hops]
+    expected = [[p.id for p in ps] for ps in load_index(bm25_dir).search(queries, 3)]
+    assert [[p.id for p in ps] for ps in load_index(out).search(queries, 3)] == expected
+
+    written = {f.name: f.stat().st_mtime_ns for f in out.rglob("*")}
+    assert ensure_index(corpus_jsonl, out, "bm25", progress=False) == out  # complete: left alone
+    assert {f.name: f.stat().st_mtime_ns for f in out.rglob("*")} == written
+
+    half_built = tmp_path / "half" / "bm25_index"
+    half_built.mkdir(parents=True)
+    (half_built / "corpus.arrow").write_bytes(b"cut short")
+    ensure_index(corpus_jsonl, half_built, "bm25", progress=False)
+    assert [[p.id for p in ps] for ps in load_index(half_built).search(queries, 3)] == expected
+    assert sorted(p.name for p in half_built.parent.iterdir()) == ["bm25_index"]
 
 
 def test_random_index_is_seeded_and_deterministic(random_dir, corpus_jsonl, tmp_path, hops):

@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
+    """The main job with most of its options, run as one seed of tuned_examples/main_job_seeds.py (which
+    passes it ``--seed 0 --out <sweep>/seed_0`` and the flags after ``--``)."""
     model = build_tiny_causal_lm(tmp_path / "model", build_tiny_tokenizer(tmp_path / "tok"))
-    out = tmp_path / "out"
-    argv = [
-        sys.executable,
-        str(ROOT / "tuned_examples" / "tiny_cpu_grpo.py"),
-        *("--model", str(model), "--out", str(out), "--threads", "1"),
+    sweep = tmp_path / "sweep"
+    out = sweep / "seed_0"
+    flags = [
+        *("--model", str(model), "--threads", "1"),
         *("--sft-steps", "2", "--sft-batch", "4", "--rl-iterations", "2", "--eval-questions", "2"),
         *("--demonstrations", "6", "--two-hop-demonstrations", "2", "--prompts", "2", "--group-size", "2"),
         *("--max-turn-tokens", "12", "--state-plan", "--early-answer", "0.5", "--no-scale-by-std"),
@@ -42,6 +43,8 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
         *("--rl-dynamic-sampling", "2"),
     ]
+    argv = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
+    argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--", *flags]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -118,6 +121,21 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
 
     assert Path(summary["checkpoint"], "learner_group").is_dir()
 
+    # The sweep's report: the seed's verdict on the goal of issue 13, read from its summary.
+    document = json.loads((sweep / "seeds.json").read_text())
+    (row,) = document["rows"]
+    assert row["seed"] == 0 and document["failed_seeds"] == []
+    assert row["rl_gain_2hop"] == summary["rl_gain_2hop"] and row["em"] == summary["em"]
+    assert row["meets_goal"] == (not row["why_not"]) and document["passes"] == int(row["meets_goal"])
+    assert row["kept_iteration"] == validation["kept_iteration"]
+    assert "| 0 |" in (sweep / "seeds.md").read_text() and (sweep / "seeds.png").stat().st_size > 0
+    assert "[1/1 seeds, " in done.stdout and "[seed 0] " in done.stdout
+    # Run again with the same flags: the seed is read back, not run.
+    reused = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert reused.returncode == 0, reused.stdout[-3000:] + reused.stderr[-3000:]
+    assert f"[seed 0] reusing {out / 'summary.json'}" in reused.stdout and "grpo iter" not in reused.stdout
+    assert json.loads((sweep / "seeds.json").read_text())["rows"] == document["rows"]
+
     # plan_forks.py reads the warm start's probabilities at the plan's forks.
     forks_script = str(ROOT / "tuned_examples" / "plan_forks.py")
     forks = subprocess.run(
@@ -137,7 +155,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
 
     # --warm-start: GRPO from that export, no SFT; its evaluation of the warm start is the first run's.
     again = tmp_path / "again"
-    argv = [*argv[: argv.index("--out")], "--out", str(again), *argv[argv.index("--out") + 2 :]]
+    argv = [sys.executable, str(ROOT / "tuned_examples" / "tiny_cpu_grpo.py"), "--out", str(again), *flags]
     argv += ["--warm-start", str(out / "warm_start_model")]
     argv += ["--rl-trained-turns", "1", "--rl-credit-after", ", then"]
     argv += ["--rl-iterations", "2", "--rl-stop-on-fork-rise", "-1"]  # any reading is a rise above -1

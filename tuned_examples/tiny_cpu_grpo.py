@@ -429,7 +429,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=False,
         help="the engine generates with bf16 weights and the learners train under bf16 autocast over their "
         "fp32 master weights, as on a GPU. Only for a CPU with AVX512-BF16 or AMX (there a run took 464 s "
-        "against 840 s, docs/main_job.md stop 50); elsewhere bf16 is emulated and runs slower (1.8x-10x)",
+        "against 840 s, docs/main_job.md stop 50); elsewhere bf16 is emulated and runs slower (2-10x)",
     )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")

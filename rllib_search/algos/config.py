@@ -129,8 +129,8 @@ class SearchConfig(AlgorithmConfig):
         engine generates with, whatever the learner trains in (its fp32 master weights are cast at each
         weight sync). ``bfloat16`` also pays on a CPU with AVX512-BF16 or AMX: the main job's greedy
         evaluation ran 2.6x faster on 2 cores (``docs/main_job.md``, stop 50); on other CPUs PyTorch emulates
-        bf16 (the same evaluation 1.8x slower than fp32 on an AVX2 EPYC, stop 51) and the runner logs a
-        warning. vLLM takes it as its ``dtype``.
+        bf16 (the same evaluation 1.8-2.6x slower than fp32 on an AVX2 EPYC, stops 51-52) and the runner
+        logs a warning. vLLM takes it as its ``dtype``.
 
         ``colocate``: the EnvRunners share their GPUs with the learners (fractional
         ``num_gpus_per_env_runner`` and ``num_gpus_per_learner``, e.g. 0.5 each): every engine sleeps

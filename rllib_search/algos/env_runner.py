@@ -116,7 +116,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             if on_cpu and self.config.engine_dtype == "bfloat16" and not cpu_has_native_bf16():
                 logger.warning(
                     "engine_dtype='bfloat16' on a CPU without AVX512-BF16 or AMX: PyTorch emulates bf16 "
-                    "and generation runs slower than in float32 (1.8x on an AVX2 EPYC)"
+                    "and generation runs slower than in float32 (1.8-2.6x on an AVX2 EPYC)"
                 )
         elif model_config.get("dtype") is None and not on_cpu:
             model_config["dtype"] = "bfloat16"  # the runner's copy only generates: bf16 on a GPU

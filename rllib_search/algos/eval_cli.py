@@ -173,15 +173,13 @@ def _data_and_retriever(args: argparse.Namespace) -> tuple[list[str], dict[str, 
         return list(args.data), _retriever_spec(*next(iter(chosen.items())))
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.index_build import ensure_index
 
     world_dir = cache_dir() / "worlds" / f"demo_seed{MAIN_JOB_WORLD_SEED}"
     paths = ensure_world(world_dir, SyntheticWorldConfig(seed=MAIN_JOB_WORLD_SEED))
     if chosen:
         return [str(paths["test_parquet"])], _retriever_spec(*next(iter(chosen.items())))
-    index_dir = world_dir / "bm25_index"
-    if not (index_dir / "manifest.json").exists():
-        build_index(paths["corpus_parquet"], index_dir, kind="bm25", progress=False)
+    index_dir = ensure_index(paths["corpus_parquet"], world_dir / "bm25_index", kind="bm25", progress=False)
     return [str(paths["test_parquet"])], {"type": "index", "dir": str(index_dir)}
 
 

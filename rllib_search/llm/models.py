@@ -89,9 +89,9 @@ def default_device() -> str:
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX). Elsewhere PyTorch emulates
-    bf16 and it runs slower than fp32 (an AVX2 EPYC, 2 threads: a linear layer 5x, a greedy evaluation 1.8x,
-    a GRPO update over 10x; docs/main_job.md, stop 51). torch exposes the check only privately, so a
-    missing helper means no."""
+    bf16 and it runs slower than fp32 (an AVX2 EPYC, 2 threads: a linear layer 5x, a greedy evaluation
+    1.8-2.6x, a GRPO update over 10x; docs/main_job.md, stops 51-52). torch exposes the check only
+    privately, so a missing helper means no."""
     import torch
 
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")

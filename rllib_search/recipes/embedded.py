@@ -47,13 +47,12 @@ def embedded_world(seed: int = 0) -> EmbeddedWorld:
     """The synthetic world of ``seed`` and its BM25 index, generated on first use and cached."""
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.index_build import ensure_index
 
     root = cache_dir() / "worlds" / f"demo_seed{seed}"
     paths = ensure_world(root, SyntheticWorldConfig(seed=seed))
     index = root / "bm25_index"
-    if not (index / "manifest.json").exists():
-        build_index(paths["corpus_parquet"], index, kind="bm25", progress=False)
+    ensure_index(paths["corpus_parquet"], index, kind="bm25", progress=False)
     return EmbeddedWorld(root, paths["train_parquet"], paths["test_parquet"], paths["corpus_parquet"], index)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import shutil
+import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -90,6 +92,32 @@ def build_index(
     }
     write_manifest(out / MANIFEST_FILE, manifest)
     return manifest
+
+
+def ensure_index(corpus: str | Path, out_dir: str | Path, kind: str, **build_options: Any) -> Path:
+    """``out_dir``, with a ``kind`` index of ``corpus`` built there unless a complete one (its manifest)
+    already is; returns ``out_dir``.
+
+    Built in a staging directory beside it and renamed into place, so processes that start at once (a
+    Tune sweep's trials, parallel tests, jobs on one node) never read an index another one is still
+    writing; the loser of a race discards its copy.
+    """
+    out = Path(out_dir)
+    if (out / MANIFEST_FILE).exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        build_index(corpus, staging, kind, **build_options)
+        if out.exists() and not (out / MANIFEST_FILE).exists():
+            shutil.rmtree(out, ignore_errors=True)  # a build that stopped half-way, in place
+        staging.replace(out)
+    except OSError:
+        if not (out / MANIFEST_FILE).exists():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; the loser's copy otherwise
+    return out
 
 
 def _kind_options(kind: str, given: dict[str, Any]) -> dict[str, Any]:

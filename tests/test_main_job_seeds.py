@@ -1,0 +1,106 @@
+"""tuned_examples/main_job_seeds.py's own parts: the seed list, issue 13's verdict on a run's summary, the
+pass rate's interval, and a seed whose main job fails (recorded, the sweep goes on, exit 1). Its run of a
+real main job and its resume are in test_tuned_examples.py (the main job's end-to-end test goes through
+it)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "main_job_seeds", ROOT / "tuned_examples" / "main_job_seeds.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(gain_2hop, interval_2hop, gain_1hop, interval_1hop):
+    return {
+        "rl_gain_2hop": gain_2hop,
+        "rl_gain_2hop_interval": interval_2hop,
+        "rl_gain_1hop": gain_1hop,
+        "rl_gain_1hop_interval": interval_1hop,
+    }
+
+
+def test_seeds_parse_as_lists_and_ranges():
+    seeds = _script()
+    assert seeds.parse_seeds("0,13-15") == [0, 13, 14, 15]
+    assert seeds.parse_seeds("3, 1-3") == [3, 1, 2]
+    for bad in ("", "a", "5-3", "1-x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seeds.parse_seeds(bad)
+
+
+def test_the_verdict_is_issue_13s_goal():
+    verdict = _script().goal_verdict
+    assert verdict(_summary(0.28, [0.16, 0.42], 0.0, [0.0, 0.0])) == (True, [])
+    assert verdict(_summary(0.20, [0.06, 0.34], -0.04, [-0.12, 0.04])) == (True, [])  # 1-hop within
+    meets, why = verdict(_summary(0.18, [0.06, 0.30], 0.0, [0.0, 0.0]))
+    assert not meets and why == ["2-hop gain +0.18 is below +0.20"]
+    meets, why = verdict(_summary(0.22, [0.0, 0.44], 0.0, [0.0, 0.0]))
+    assert not meets and why == ["2-hop gain's interval starts at +0.00, not above 0"]
+    meets, why = verdict(_summary(0.26, [0.12, 0.38], -0.26, [-0.38, -0.14]))
+    assert not meets and why == ["1-hop fell -0.26, beyond its interval (upper end -0.14)"]
+
+
+def test_the_pass_rate_interval_is_wilsons():
+    wilson = _script().wilson_interval
+    low, high = wilson(7, 12)
+    assert low == pytest.approx(0.3195, abs=1e-3) and high == pytest.approx(0.8067, abs=1e-3)
+    assert wilson(0, 12)[0] == 0.0 and wilson(12, 12)[1] == 1.0 and wilson(0, 0) == (0.0, 1.0)
+
+
+def test_a_seed_whose_main_job_fails_is_recorded_and_the_sweep_exits_1(tmp_path):
+    command = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
+    command += ["--seeds", "4-5", "--out", str(tmp_path), "--", "--rl-recipe", "no-such-recipe"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    document = json.loads((tmp_path / "seeds.json").read_text())
+    assert document["failed_seeds"] == [4, 5] and document["rows"] == [] and document["passes"] == 0
+    assert "no-such-recipe" in (tmp_path / "seed_4" / "main_job.log").read_text()
+    assert "the main job failed" in done.stdout and not (tmp_path / "seed_4" / "run.json").exists()
+    refused = subprocess.run(
+        [*command[:2], "--out", str(tmp_path), "--", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--seed is this sweep's to set" in refused.stderr
+
+
+def test_a_row_keeps_the_stages_its_run_evaluated():
+    """A run started from --warm-start evaluates no base model: its row has the two stages it has."""
+    seeds = _script()
+    stages = {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.4}}
+    summary = {
+        **_summary(0.30, [0.16, 0.44], 0.0, [-0.04, 0.04]),
+        "em": stages,
+        "searches_per_episode": {
+            "after warm start": {"1hop": 1.0, "2hop": 1.2},
+            "after RL": {"1hop": 1.0, "2hop": 1.7},
+        },
+        "rl_validation": {"kept_iteration": 6},
+        "seconds": 812.5,
+    }
+    row = seeds.seed_row(7, summary)
+    assert row["em"] == stages and row["searches_2hop"] == {"after warm start": 1.2, "after RL": 1.7}
+    assert row["meets_goal"] and row["kept_iteration"] == 6
+    document = seeds.report([row], ["--calibration-turns", "2"], failed=[8])
+    assert document["passes"] == 1 and document["failed_seeds"] == [8]
+    assert document["mean_rl_gain_2hop"]["value"] == pytest.approx(0.30)
+    table = seeds.markdown(document)
+    assert "| 7 | 0.90 / 0.10 | 0.90 / 0.40 | +0.30 [+0.16, +0.44] |" in table
+    assert "`--calibration-turns 2`" in table and "seeds [8]" in table
