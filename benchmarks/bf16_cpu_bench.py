@@ -10,7 +10,7 @@
 3. ``--parts int8_evaluation`` (not run by default): the same evaluation with the fp32 engine against one
    whose linear layers are PyTorch's dynamic int8 ones (``torch.ao.quantization.quantize_dynamic``, fbgemm),
    the lead for CPUs without bf16 units. It is why the engine has no int8 option: on an AVX2 EPYC it was
-   1.18x faster and changed most greedy answers (docs/main_job.md, stop 52).
+   1.24x faster and changed most greedy answers (docs/main_job.md, stop 52).
 
 Worth it only on a CPU with bf16 matrix units (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``, printed
 in the result): without them PyTorch emulates bf16 and it runs slower. Medians over ``--repeats``
@@ -181,12 +181,11 @@ def main() -> None:
         "cpu_bf16_flags": cpu_bf16_flags(),
         "repeats": repeats,
     }
+    size = args.questions or (20 if args.quick else 50)  # held-out questions a hop count
     if "evaluation" in parts:
-        size = args.questions or (20 if args.quick else 50)
         print(f"held-out evaluation: {size} + {size} questions", flush=True)
         result["evaluation"] = bench_evaluation(args.model, size, repeats)
     if "int8_evaluation" in parts:
-        size = args.questions or (20 if args.quick else 50)
         print(
             f"held-out evaluation, fp32 against dynamic int8 linears: {size} + {size} questions", flush=True
         )

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{document['passes']} of {len(rows)} so far",
                 flush=True,
             )
-    print(markdown(report(rows, flags, failed)))
+    print(markdown(document))
     print(f"report: {out / 'seeds.md'}, {out / 'seeds.json'}, {out / 'seeds.png'}")
     return 1 if failed else 0
 
