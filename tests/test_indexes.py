@@ -141,31 +141,74 @@ def test_bm25_index_scores_like_the_in_process_bm25(indexes, hops, world):
         np.testing.assert_allclose([p.score for p in ours], [p.score for p in theirs], rtol=1e-5)
 
 
+def _entries(directory):
+    """A directory's entries, ``ensure_index``'s lock file left out (filelock may keep it)."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
+
+
 def test_ensure_index_builds_once_under_concurrent_callers_and_replaces_a_half_built_one(
-    corpus_jsonl, tmp_path, hops, bm25_dir
+    corpus_jsonl, tmp_path, hops, bm25_dir, monkeypatch
 ):
-    """Four callers at once (threads: the same staging-and-rename as processes) leave one complete index
-    and no staging directory; a directory without a manifest (a build that stopped in place) is rebuilt."""
+    """Four callers at once (threads: the lock is a file lock, which threads and processes share alike)
+    build the index once (the others wait for it) and leave no staging directory; a directory without a
+    manifest (a build that stopped in place) is rebuilt, and a dead builder's staging directory removed."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from rllib_search.serve import index_build
+
+    builds = []
+
+    def counted_build(*args, **kwargs):
+        builds.append(args[1])
+        return build_index(*args, **kwargs)
+
+    monkeypatch.setattr(index_build, "build_index", counted_build)  # the real build, counted
     out = tmp_path / "shared" / "bm25_index"
     with ThreadPoolExecutor(4) as pool:
         returned = list(pool.map(lambda _: ensure_index(corpus_jsonl, out, "bm25", progress=False), range(4)))
-    assert returned == [out] * 4 and sorted(p.name for p in out.parent.iterdir()) == ["bm25_index"]
+    assert returned == [out] * 4 and len(builds) == 1 and _entries(out.parent) == ["bm25_index"]
     queries = [h["query"] for h in hops]
     expected = [[p.id for p in ps] for ps in load_index(bm25_dir).search(queries, 3)]
     assert [[p.id for p in ps] for ps in load_index(out).search(queries, 3)] == expected
 
     written = {f.name: f.stat().st_mtime_ns for f in out.rglob("*")}
-    assert ensure_index(corpus_jsonl, out, "bm25", progress=False) == out  # complete: left alone
+    assert ensure_index(corpus_jsonl, out, "bm25", progress=False, k1=1.5) == out  # complete: left alone
     assert {f.name: f.stat().st_mtime_ns for f in out.rglob("*")} == written
 
     half_built = tmp_path / "half" / "bm25_index"
     half_built.mkdir(parents=True)
     (half_built / "corpus.arrow").write_bytes(b"cut short")
+    (half_built.parent / ".bm25_index-dead1234").mkdir()  # the staging directory of a killed builder
     ensure_index(corpus_jsonl, half_built, "bm25", progress=False)
     assert [[p.id for p in ps] for ps in load_index(half_built).search(queries, 3)] == expected
-    assert sorted(p.name for p in half_built.parent.iterdir()) == ["bm25_index"]
+    assert _entries(half_built.parent) == ["bm25_index"]
+
+
+def test_ensure_index_rebuilds_an_index_of_another_corpus_kind_or_options(world, tmp_path, hops):
+    """A regenerated corpus (another checksum), another kind or other options replace the index in place;
+    the old one is gone afterwards and nothing is left beside it."""
+    old_corpus, new_corpus = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    write_corpus_jsonl(world.passages, old_corpus)
+    write_corpus_jsonl(world.passages[:150], new_corpus)  # the world regenerated: another corpus
+    out = tmp_path / "world" / "bm25_index"
+    ensure_index(old_corpus, out, "bm25", progress=False)
+    assert read_manifest(out)["count"] == len(world.passages)
+
+    ensure_index(new_corpus, out, "bm25", progress=False)
+    manifest = read_manifest(out)
+    assert manifest["count"] == 150
+    assert manifest["corpus_sha256"] == hashlib.sha256(new_corpus.read_bytes()).hexdigest()
+    kept = {p.id for p in world.passages[:150]}
+    found = load_index(out).search([h["query"] for h in hops], 3)
+    assert all(p.id in kept for ps in found for p in ps)
+    assert _entries(out.parent) == ["bm25_index"]
+
+    ensure_index(new_corpus, out, "bm25", progress=False, k1=0.9)
+    assert read_manifest(out)["options"]["k1"] == 0.9
+    ensure_index(new_corpus, out, "random", progress=False)
+    assert read_manifest(out)["kind"] == "random" and _entries(out.parent) == ["bm25_index"]
+    with pytest.raises(ValueError, match="unknown option"):
+        ensure_index(new_corpus, out, "bm25", progress=False, nprobe=4)
 
 
 def test_random_index_is_seeded_and_deterministic(random_dir, corpus_jsonl, tmp_path, hops):

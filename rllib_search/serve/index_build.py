@@ -20,6 +20,7 @@ import bm25s
 import faiss
 import numpy as np
 import pyarrow as pa
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from rllib_search.data.errors import DataFormatError
@@ -35,7 +36,9 @@ from rllib_search.serve.index_manifest import (
     KINDS,
     MANIFEST_FILE,
     MANIFEST_VERSION,
+    IndexFileError,
     open_corpus,
+    read_manifest,
     write_manifest,
 )
 
@@ -94,30 +97,76 @@ def build_index(
     return manifest
 
 
-def ensure_index(corpus: str | Path, out_dir: str | Path, kind: str, **build_options: Any) -> Path:
-    """``out_dir``, with a ``kind`` index of ``corpus`` built there unless a complete one (its manifest)
-    already is; returns ``out_dir``.
+def ensure_index(
+    corpus: str | Path,
+    out_dir: str | Path,
+    kind: str,
+    encoder: str | EncoderSpec | None = None,
+    **build_options: Any,
+) -> Path:
+    """``out_dir``, with a ``kind`` index of ``corpus`` built there unless a complete one of the same
+    corpus (the manifest's ``corpus_sha256``), kind, encoder and given options already is; returns
+    ``out_dir``. An index of another corpus (a regenerated world) or a half-built one is replaced.
 
-    Built in a staging directory beside it and renamed into place, so processes that start at once (a
-    Tune sweep's trials, parallel tests, jobs on one node) never read an index another one is still
-    writing; the loser of a race discards its copy.
+    One builder at a time per index (a lock file beside it), so processes that start at once (a Tune
+    sweep's trials, parallel tests, jobs on one node) build it once and the others wait for it. The new
+    index is built in a staging directory and renamed into place, so a reader never finds a half-written
+    one; the old directory is renamed aside first and removed last.
     """
-    out = Path(out_dir)
-    if (out / MANIFEST_FILE).exists():
+    corpus, out = Path(corpus), Path(out_dir)
+    wanted = _wanted_manifest(corpus, kind, encoder, build_options)
+    if _is_current(out, wanted):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        build_index(corpus, staging, kind, **build_options)
-        if out.exists() and not (out / MANIFEST_FILE).exists():
-            shutil.rmtree(out, ignore_errors=True)  # a build that stopped half-way, in place
-        staging.replace(out)
-    except OSError:
-        if not (out / MANIFEST_FILE).exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; the loser's copy otherwise
+    # filelock (a dependency of torch and the HF hub) holds an OS lock the kernel drops with its process,
+    # so a builder that dies leaves no stale lock, only a staging directory, removed by the next builder.
+    with FileLock(out.parent / f".{out.name}.lock"):
+        if _is_current(out, wanted):  # built by the process this one waited for
+            return out
+        for leftover in out.parent.glob(f".{out.name}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)  # builders that died: the lock is ours now
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        replaced = staging.with_name(staging.name + "-replaced")
+        try:
+            build_index(corpus, staging, kind, encoder=encoder, **build_options)
+            if out.exists():
+                out.replace(replaced)
+            staging.replace(out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; a failed build's otherwise
+            shutil.rmtree(replaced, ignore_errors=True)
     return out
+
+
+def _wanted_manifest(
+    corpus: Path, kind: str, encoder: str | EncoderSpec | None, build_options: dict[str, Any]
+) -> dict[str, Any]:
+    """The manifest entries an index of ``corpus`` built with these arguments must have (the kind options
+    given, ``None`` ones left for the build to choose; not ``batch_size`` or ``progress``)."""
+    options = {k: v for k, v in build_options.items() if k not in ("batch_size", "progress")}
+    _kind_options(kind, options)  # unknown options fail here, before any hashing or locking
+    spec = _build_spec(kind, encoder)
+    return {
+        "kind": kind,
+        "corpus_sha256": file_sha256(corpus),
+        "encoder": spec.to_dict() if spec is not None else None,
+        "options": {k: v for k, v in options.items() if v is not None},
+    }
+
+
+def _is_current(out: Path, wanted: dict[str, Any]) -> bool:
+    """Whether ``out`` holds a complete index with the ``wanted`` entries (given options as a subset)."""
+    try:
+        manifest = read_manifest(out)
+    except (OSError, IndexFileError):
+        return False
+    options = manifest.get("options") or {}
+    return (
+        manifest["kind"] == wanted["kind"]
+        and manifest.get("corpus_sha256") == wanted["corpus_sha256"]
+        and manifest["encoder"] == wanted["encoder"]
+        and all(options.get(k) == v for k, v in wanted["options"].items())
+    )
 
 
 def _kind_options(kind: str, given: dict[str, Any]) -> dict[str, Any]:
