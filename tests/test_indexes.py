@@ -20,7 +20,12 @@ from rllib_search.serve.bm25 import BM25Retriever
 from rllib_search.serve.encoders import EncoderSpec, resolve_model_path
 from rllib_search.serve.index_build import build_index, ensure_index
 from rllib_search.serve.index_cli import add_index_commands
-from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError, read_manifest
+from rllib_search.serve.index_manifest import (
+    IndexFileError,
+    IndexMismatchError,
+    index_identity,
+    read_manifest,
+)
 from rllib_search.serve.index_search import SearchIndex
 from rllib_search.serve.indexes import load_index
 from rllib_search.serve.memory import resident_memory_mb
@@ -193,9 +198,18 @@ def test_ensure_index_rebuilds_an_index_of_another_corpus_kind_or_options(world,
     out = tmp_path / "world" / "bm25_index"
     ensure_index(old_corpus, out, "bm25", progress=False)
     assert read_manifest(out)["count"] == len(world.passages)
+    old_identity = index_identity(out)  # part of the main job's evaluation-cache key
 
     ensure_index(new_corpus, out, "bm25", progress=False)
     manifest = read_manifest(out)
+    assert index_identity(out) != old_identity
+    assert index_identity(out) == {
+        "kind": "bm25",
+        "encoder": None,
+        "options": {"k1": 1.5, "b": 0.75},
+        "count": 150,
+        "corpus_sha256": manifest["corpus_sha256"],
+    }
     assert manifest["count"] == 150
     assert manifest["corpus_sha256"] == hashlib.sha256(new_corpus.read_bytes()).hexdigest()
     kept = {p.id for p in world.passages[:150]}

@@ -506,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search.recipes import embedded
     from rllib_search.recipes.jobs import connect
     from rllib_search.serve.client import RetrieverClient
+    from rllib_search.serve.index_manifest import index_identity
 
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -619,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             "env": env_settings,
             "max_turn_tokens": args.max_turn_tokens,
             "questions": questions,
+            "retriever": index_identity(world.index),  # the passages the answers read
             "batch": "all hop counts",
             **({"engine_dtype": "bfloat16"} if args.bf16 else {}),  # fp32 keys stay as they were
         }

@@ -86,6 +86,13 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def index_identity(index_dir: str | Path) -> dict[str, Any]:
+    """What search results over an index depend on, from its manifest: kind, encoder, options and the
+    corpus's checksum (for cache keys of results computed with the index's passages)."""
+    manifest = read_manifest(index_dir)
+    return {key: manifest.get(key) for key in ("kind", "encoder", "options", "count", "corpus_sha256")}
+
+
 def _type_problem(manifest: dict[str, Any]) -> str | None:
     """What is wrong with the types of a manifest's values (a hand-edited or foreign file), or None."""
 
