@@ -104,3 +104,29 @@ def test_a_row_keeps_the_stages_its_run_evaluated():
     table = seeds.markdown(document)
     assert "| 7 | 0.90 / 0.10 | 0.90 / 0.40 | +0.30 [+0.16, +0.44] |" in table
     assert "`--calibration-turns 2`" in table and "seeds [8]" in table
+    assert "Machines (the seconds depend on them): not recorded (seeds 7)." in table  # an older summary
+
+
+def test_rows_record_the_machine_their_run_measured():
+    """A run's summary names its CPU (the seconds depend on it); the report groups seeds by machine."""
+    from rllib_search.llm.models import cpu_description, describe_cpu
+
+    seeds = _script()
+    here = cpu_description()
+    assert here["cores"] >= 1 and here["torch_threads"] >= 1 and isinstance(here["native_bf16"], bool)
+    assert here["vector_unit"] and here["cpu"]
+    other = {**here, "cpu": "Another CPU", "vector_unit": "AVX512", "native_bf16": True}
+    base = {
+        **_summary(0.30, [0.16, 0.44], 0.0, [-0.04, 0.04]),
+        "em": {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.4}},
+        "searches_per_episode": {"after warm start": {"2hop": 1.2}, "after RL": {"2hop": 1.7}},
+        "seconds": 812.5,
+    }
+    rows = [
+        seeds.seed_row(seed, {**base, "machine": machine})
+        for seed, machine in ((0, here), (1, other), (2, here))
+    ]
+    assert rows[1]["machine"] == other
+    table = seeds.markdown(seeds.report(rows, []))
+    assert f"{describe_cpu(here)} (seeds 0, 2); Another CPU, " in table
+    assert "AVX512, bf16 native (seeds 1)." in table

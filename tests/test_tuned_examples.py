@@ -128,6 +128,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert row["rl_gain_2hop"] == summary["rl_gain_2hop"] and row["em"] == summary["em"]
     assert row["meets_goal"] == (not row["why_not"]) and document["passes"] == int(row["meets_goal"])
     assert row["kept_iteration"] == validation["kept_iteration"]
+    assert row["machine"] == summary["machine"] and f"machine: {summary['machine']['cpu']}, " in done.stdout
     assert "| 0 |" in (sweep / "seeds.md").read_text() and (sweep / "seeds.png").stat().st_size > 0
     assert "[1/1 seeds, " in done.stdout and "[seed 0] " in done.stdout
     # Run again with the same flags: the seed is read back, not run.

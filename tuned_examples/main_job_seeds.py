@@ -86,6 +86,7 @@ def seed_row(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
         "rl_gain_1hop_interval": summary["rl_gain_1hop_interval"],
         "kept_iteration": (summary.get("rl_validation") or {}).get("kept_iteration"),
         "seconds": summary["seconds"],
+        "machine": summary.get("machine"),  # absent in runs before stop 53
         "meets_goal": meets,
         "why_not": reasons,
     }
@@ -131,6 +132,8 @@ def report(
 
 def markdown(document: dict[str, Any]) -> str:
     """``seeds.md``: one row per seed and the pass count."""
+    from rllib_search.llm.models import describe_cpu
+
     flags = " ".join(document["main_job_flags"]) or "(the default)"
     lines = [
         f"# The main job over seeds: `{flags}`",
@@ -154,6 +157,17 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {searches['after warm start']:.2f} -> {searches['after RL']:.2f} | {row['kept_iteration']} "
             f"| {row['seconds']:.0f} | {verdict} |"
         )
+    machines: dict[str, list[int]] = {}
+    for row in document["rows"]:
+        name = describe_cpu(row["machine"]) if row.get("machine") else "not recorded"
+        machines.setdefault(name, []).append(row["seed"])
+    if machines:
+        lines += [
+            "",
+            "Machines (the seconds depend on them): "
+            + "; ".join(f"{name} (seeds {', '.join(map(str, seeds))})" for name, seeds in machines.items())
+            + ".",
+        ]
     if document["failed_seeds"]:
         lines += ["", f"Runs that failed (see their main_job.log): seeds {document['failed_seeds']}."]
     if document["rows"]:

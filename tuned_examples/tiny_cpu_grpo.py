@@ -1,6 +1,6 @@
 """End to end on 2 CPU cores: warm-start SmolLM2-135M-Instruct on teacher trajectories, then GRPO.
 
-    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (12-15 minutes)
+    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (12-15 min; ~40 on an AVX2 EPYC)
     python tuned_examples/tiny_cpu_grpo.py --smoke    # every stage at the smallest size (minutes)
     python tuned_examples/tiny_cpu_grpo.py --help     # every knob
     python tuned_examples/tiny_cpu_grpo.py --warm-start runs/tiny_cpu_grpo/warm_start_model  # GRPO only
@@ -498,7 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
     from rllib_search.llm.models import (
         cache_dir,
+        cpu_description,
         cpu_has_native_bf16,
+        describe_cpu,
         load_causal_lm,
         load_tokenizer,
         resolve_model_path,
@@ -530,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(1-hop {len(by_hops[1])}, 2-hop {len(by_hops[2])})"
     )
 
+    machine = cpu_description()
+    say(f"machine: {describe_cpu(machine)}")
     if args.bf16 and not cpu_has_native_bf16():
         say(
             "--bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated here, expect a slower run than fp32"
@@ -949,6 +953,7 @@ def main(argv: list[str] | None = None) -> int:
             "kept_iteration": kept_iteration,
         },
         "settings": {k: v for k, v in vars(args).items() if k != "metrics_port"},
+        "machine": machine,  # the seconds depend on it more than on the recipe (docs/main_job.md stop 51)
         "checkpoint": str(checkpoint),
         "seconds": time.perf_counter() - started,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -96,6 +97,40 @@ def cpu_has_native_bf16() -> bool:
 
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU a run's times depend on (a CPU run takes about 3x longer on an AVX2 EPYC than on an
+    AVX-512 Xeon, docs/main_job.md stop 51): its model name, the cores this process may use, torch's
+    threads, the vector instructions torch's kernels use and whether bf16 is native."""
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            name = next(
+                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), name
+            )
+    except OSError:  # not Linux
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": name,
+        "cores": cores,
+        "torch_threads": torch.get_num_threads(),
+        "vector_unit": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": cpu_has_native_bf16(),
+    }
+
+
+def describe_cpu(description: dict[str, Any]) -> str:
+    """One line of :func:`cpu_description`, e.g. ``AMD EPYC, 2 cores (2 torch threads), AVX2, bf16
+    emulated``."""
+    bf16 = "bf16 native" if description["native_bf16"] else "bf16 emulated"
+    return (
+        f"{description['cpu']}, {description['cores']} cores ({description['torch_threads']} torch threads), "
+        f"{description['vector_unit']}, {bf16}"
+    )
 
 
 def _default_dtype(device: str) -> Any:
