@@ -183,10 +183,11 @@ def test_ensure_index_builds_once_under_concurrent_callers_and_replaces_a_half_b
     half_built = tmp_path / "half" / "bm25_index"
     half_built.mkdir(parents=True)
     (half_built / "corpus.arrow").write_bytes(b"cut short")
-    (half_built.parent / ".bm25_index-dead1234").mkdir()  # the staging directory of a killed builder
+    (half_built.parent / ".bm25_index.staging-dead1234").mkdir()  # a killed builder's staging directory
+    (half_built.parent / ".bm25_index-small.staging-ab12").mkdir()  # another index's build: not ours
     ensure_index(corpus_jsonl, half_built, "bm25", progress=False)
     assert [[p.id for p in ps] for ps in load_index(half_built).search(queries, 3)] == expected
-    assert _entries(half_built.parent) == ["bm25_index"]
+    assert _entries(half_built.parent) == [".bm25_index-small.staging-ab12", "bm25_index"]
 
 
 def test_ensure_index_rebuilds_an_index_of_another_corpus_kind_or_options(world, tmp_path, hops):

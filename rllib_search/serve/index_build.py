@@ -123,9 +123,9 @@ def ensure_index(
     with FileLock(out.parent / f".{out.name}.lock"):
         if _is_current(out, wanted):  # built by the process this one waited for
             return out
-        for leftover in out.parent.glob(f".{out.name}-*"):
+        for leftover in out.parent.glob(f".{out.name}.staging-*"):
             shutil.rmtree(leftover, ignore_errors=True)  # builders that died: the lock is ours now
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
         replaced = staging.with_name(staging.name + "-replaced")
         try:
             build_index(corpus, staging, kind, encoder=encoder, **build_options)
