@@ -100,8 +100,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_description() -> dict[str, Any]:
-    """The CPU a run's times depend on (a CPU run takes about 3x longer on an AVX2 EPYC than on an
-    AVX-512 Xeon, docs/main_job.md stop 51): its model name, the cores this process may use, torch's
+    """The CPU a run's times depend on (a CPU run takes about 3x longer on an AVX2 EPYC than on an Intel
+    CPU with AVX-512, docs/main_job.md stop 51): its model name, the cores this process may use, torch's
     threads, the vector instructions torch's kernels use and whether bf16 is native."""
     import torch
 
