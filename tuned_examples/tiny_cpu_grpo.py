@@ -241,7 +241,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("all", "2-hop"),
         default="all",
         help="with --calibration-turns 2: which demonstrations keep the turn after the first search (2-hop: "
-        "the 2-hop ones only, a third fewer tokens a step)",
+        "the 2-hop ones only, a third fewer tokens a step; stop 53: seed 16 then fails, docs/main_job.md)",
     )
     p.add_argument(
         "--calibration-questions",
