@@ -220,6 +220,8 @@ def test_ensure_index_rebuilds_an_index_of_another_corpus_kind_or_options(world,
 
     ensure_index(new_corpus, out, "bm25", progress=False, k1=0.9)
     assert read_manifest(out)["options"]["k1"] == 0.9
+    ensure_index(new_corpus, out, "bm25", progress=False)  # k1 left out: the default, not 0.9
+    assert read_manifest(out)["options"] == {"k1": 1.5, "b": 0.75}
     ensure_index(new_corpus, out, "random", progress=False)
     assert read_manifest(out)["kind"] == "random" and _entries(out.parent) == ["bm25_index"]
     with pytest.raises(ValueError, match="unknown option"):

@@ -141,10 +141,11 @@ def ensure_index(
 def _wanted_manifest(
     corpus: Path, kind: str, encoder: str | EncoderSpec | None, build_options: dict[str, Any]
 ) -> dict[str, Any]:
-    """The manifest entries an index of ``corpus`` built with these arguments must have (the kind options
-    given, ``None`` ones left for the build to choose; not ``batch_size`` or ``progress``)."""
-    options = {k: v for k, v in build_options.items() if k not in ("batch_size", "progress")}
-    _kind_options(kind, options)  # unknown options fail here, before any hashing or locking
+    """The manifest entries an index of ``corpus`` built with these arguments must have: the kind's
+    options as given or by default (an option left out means its default, not whatever an earlier build
+    used), except ``None`` ones, which the build chooses; not ``batch_size`` or ``progress``."""
+    given = {k: v for k, v in build_options.items() if k not in ("batch_size", "progress")}
+    options = _kind_options(kind, given)  # unknown options fail here, before any hashing or locking
     spec = _build_spec(kind, encoder)
     return {
         "kind": kind,
@@ -155,7 +156,7 @@ def _wanted_manifest(
 
 
 def _is_current(out: Path, wanted: dict[str, Any]) -> bool:
-    """Whether ``out`` holds a complete index with the ``wanted`` entries (given options as a subset)."""
+    """Whether ``out`` holds a complete index with the ``wanted`` entries (build-chosen options aside)."""
     try:
         manifest = read_manifest(out)
     except (OSError, IndexFileError):
