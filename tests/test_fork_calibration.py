@@ -16,6 +16,7 @@ from rllib_search.algos.fork_calibration import (
     ForkCalibration,
     calibrate_forks,
     calibration_demonstrations,
+    close_position,
     follow_position,
     fork_positions,
 )
@@ -80,6 +81,35 @@ def test_each_question_gives_its_first_turns_with_the_forks_weighted(smollm2_tok
             others = [p for p in np.flatnonzero(rollout.loss_mask) if p not in weighted]
             assert np.all(rollout.nll_weights[others] == 1.0)
             assert np.all(rollout.nll_weights[rollout.loss_mask == 0] == 0.0)
+
+
+def test_the_comma_that_closes_a_going_on_plan_can_be_weighted(world, smollm2_tokenizer, questions):
+    """With ``close`` the plan that goes on also has the "," before its ", then answer" weighted; nothing
+    else changes (the same turns, the same weights elsewhere)."""
+    config = SearchEnvConfig.from_dict(ENV_SETTINGS)
+    env = MultiTurnSearchEnv(smollm2_tokenizer, None, None, config)
+    contexts = {h: fork_contexts(questions[h], env, smollm2_tokenizer) for h in questions}
+    retriever = BM25Retriever(world.passages)
+    plain, closed = (
+        calibration_demonstrations(
+            smollm2_tokenizer, retriever, questions, contexts, config, settings, seed=0
+        )
+        for settings in (SETTINGS, dataclasses.replace(SETTINGS, close=1.5))
+    )
+    for k in range(3):
+        for index in (3 * k, 3 * k + 2):  # the 1-hop turn and the hesitant plan: unchanged
+            np.testing.assert_array_equal(closed[index].nll_weights, plain[index].nll_weights)
+        full, before = closed[3 * k + 1], plain[3 * k + 1]
+        np.testing.assert_array_equal(full.token_ids, before.token_ids)
+        _, second = fork_positions(full, contexts[2][k])
+        position = close_position(full, contexts[2][k], second)
+        assert position > second + 1  # past " its" and the relation
+        assert int(full.token_ids[position]) == token_id(smollm2_tokenizer, ",")
+        rest = smollm2_tokenizer.decode(full.token_ids[position : full.turn_spans[0][1]])
+        assert rest.startswith(", then answer.")
+        assert full.nll_weights[position] == pytest.approx(1.5 * float(full.loss_mask.sum()))
+        changed = np.flatnonzero(full.nll_weights != before.nll_weights)
+        assert changed.tolist() == [position]
 
 
 def test_a_pair_of_plans_is_the_soft_cross_entropy_at_the_second_fork(calibration_set):
@@ -274,3 +304,5 @@ def test_the_settings_are_checked():
         ForkCalibration(turns=3)
     with pytest.raises(ValueError, match="second_turn_hops"):
         ForkCalibration(turns=2, second_turn_hops=(3,))
+    with pytest.raises(ValueError, match="close"):
+        ForkCalibration(close=-1.0)

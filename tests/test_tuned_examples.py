@@ -154,6 +154,27 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         for fork in ("goes_on", "its"):
             assert 0.0 <= report[hops][fork]["mean"] <= 1.0 and 0 <= report[hops][fork]["above_half"] <= 3
 
+    # sampled_plans.py samples it as GRPO does and counts each plan kind's searches and right answers.
+    sampled_out = tmp_path / "sampled"
+    sampled_argv = [sys.executable, str(ROOT / "tuned_examples" / "sampled_plans.py")]
+    sampled_argv += [str(out / "warm_start_model")]
+    sampled_argv += ["--questions", "2", "--samples", "2", "--threads", "1", "--out", str(sampled_out)]
+    sampled = subprocess.run(
+        sampled_argv,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
+    assert "1-hop: 4 episodes" in sampled.stdout and "2-hop: 4 episodes" in sampled.stdout
+    funnel = json.loads((sampled_out / "sampled_plans.json").read_text())["funnel"]
+    for row in funnel.values():
+        assert sum(p["episodes"] for p in row["plans"].values()) == 4 and row["questions"] == 2
+    episodes = (sampled_out / "sampled_episodes.jsonl").read_text().splitlines()
+    assert len(episodes) == 8 and all(json.loads(line)["turns"] for line in episodes)
+
     # --warm-start: GRPO from that export, no SFT; its evaluation of the warm start is the first run's.
     again = tmp_path / "again"
     argv = [sys.executable, str(ROOT / "tuned_examples" / "tiny_cpu_grpo.py"), "--out", str(again), *flags]

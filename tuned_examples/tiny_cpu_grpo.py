@@ -28,7 +28,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    training questions used nowhere else lie in the window that leaves RL a second search to lift (at most
    8 steps, about 15 s each). ``--calibration-turns 2`` (off) also trains each demonstration's turn after
    the first search, the token after its restated plan weighted as a fork (" Next" and a second search,
-   or the thought closed and the answer), at about 25 s a step.
+   or the thought closed and the answer), at about 25 s a step. ``--calibration-close W`` (0, off) also
+   weights the "," that closes a going-on plan's second clause with ", then answer": a sampled plan that
+   ends at ", then its country." is answered after one search.
 4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on training questions that were
    never demonstrated; a line per iteration (reward, EM, searches, tokens/s). It credits only each
    episode's first turn (``--rl-trained-turns 1``): the plan and the first query, so whether the plan goes
@@ -244,6 +246,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the 2-hop ones only, a third fewer tokens a step; stop 53: seed 16 then fails, docs/main_job.md)",
     )
     p.add_argument(
+        "--calibration-close",
+        type=float,
+        default=0.0,
+        help="the calibration's weight on the ',' that closes a going-on plan's second clause with ', then "
+        "answer' (0: off; a plan ending '..., then its country.' is answered after one search, stop 55)",
+    )
+    p.add_argument(
         "--calibration-questions",
         type=int,
         default=6,
@@ -453,6 +462,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--fork-calibration needs 1-hop and 2-hop demonstration questions")
     if args.fork_calibration and not 1 <= args.calibration_min_steps <= args.calibration_steps:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
+    if args.calibration_close < 0:
+        p.error(f"--calibration-close must be at least 0 (0: off), got {args.calibration_close}")
     for flag in ("calibration_questions", "micro_batch", "rl_micro_batch"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
@@ -732,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                 turns=args.calibration_turns,
                 second_turn_hops=(2,) if args.calibration_second_turn == "2-hop" else (1, 2),
                 questions_per_step=args.calibration_questions,
+                close=args.calibration_close,
             )
             calibration_records = {h: [q for q in demo_questions if q.extra["num_hops"] == h] for h in (1, 2)}
             demonstrations = calibration_demonstrations(

@@ -15,7 +15,17 @@ Calibration trains on the teacher's first turns with the forks' targets spelled 
   ``emphasis * (1 - its_target)``. Under per-sequence loss aggregation (the SFT default) the pair's fork
   terms sum to ``emphasis`` times the NLL of "," plus the cross-entropy against P(" its") = ``its_target``:
   the expected gradient of a teacher that goes on with that chance, without the draw. The other tokens of
-  the turn keep weight 1, so what follows either branch stays as demonstrated.
+  the turn keep weight 1, so what follows either branch stays as demonstrated. With ``close`` above 0 the
+  plan that goes on also has the "," that closes its second clause weighted ``close`` (", then its
+  country" followed by ", then answer." rather than ".").
+
+Why the closing ",": the greedy agent executes a plan by restating its next clause after each search and
+follows the plan's last clause with the answer. A sampled plan that goes on but ends at its second clause
+("..., then its alma mater." with no ", then answer") is then answered after one search: of seed 1's
+calibrated warm start's 20 sampled 2-hop plans saying ", then its" (30 questions, 4 samples each), 7 closed
+with ", then answer" and 5 of those searched twice and were right; 13 ended with "." and 1 was right
+(``docs/main_job.md``, stop 55). The teacher always closes with ", then answer", but no alternative plan of
+the teacher's parts there, so SFT's decision weights never reach that token.
 
 A question's three turns stay in one batch, in order, so no batch tilts the second fork one way. Steps run
 without Adam's first moment (``retune_optimizer(momentum=False)``): a soft target pulls P(" its") back from
@@ -58,6 +68,7 @@ class ForkCalibration:
     min_steps: int = 1
     turns: int = 1
     second_turn_hops: tuple[int, ...] = (1, 2)
+    close: float = 0.0
 
     # ``turns`` 2 also keeps each demonstration's second turn: after the first search the teacher's thought
     # restates the plan's next clause, and the token after it (``FOLLOW``: " Next" and a second search where
@@ -65,10 +76,13 @@ class ForkCalibration:
     # nothing) is weighted ``emphasis``, so the plan's next step is trained with the plan, not the plan alone.
     # ``second_turn_hops`` (2,) keeps it on the 2-hop demonstrations only (a third fewer tokens a step): a
     # 1-hop turn after its search already closes its thought after SFT (docs/main_job.md, stop 47).
+    # ``close`` (0: off) weights the "," that closes a going-on plan's second clause with ", then answer".
 
     def __post_init__(self) -> None:
         if not 0.0 < self.its_target < 1.0:
             raise ValueError(f"its_target must lie in (0, 1), got {self.its_target}")
+        if self.close < 0:
+            raise ValueError(f"close must be at least 0 (0: off), got {self.close}")
         if self.emphasis <= 0 or self.lr <= 0 or self.questions_per_step < 1 or self.max_steps < 1:
             raise ValueError(f"emphasis and lr must be positive, the counts at least 1: {self}")
         if not 1 <= self.min_steps <= self.max_steps:
@@ -91,6 +105,19 @@ def fork_positions(rollout: Rollout, context: ForkContext) -> tuple[int, int | N
     first = start + len(plan)
     goes_on = ids[len(plan) : len(plan) + len(then)] == then
     return first, (first + len(then) if goes_on else None)
+
+
+def close_position(rollout: Rollout, context: ForkContext, second: int) -> int:
+    """Where the first turn of ``rollout`` closes the clause its plan's second fork (at ``second``) opened:
+    the "," of the next ", then" (", then its country, then answer."). Raises ValueError when the plan has
+    no clause after it."""
+    _, end = rollout.turn_spans[0]
+    ids = rollout.token_ids[second + 1 : end].tolist()
+    then = list(context.then_ids)
+    for offset in range(len(ids) - len(then) + 1):
+        if ids[offset : offset + len(then)] == then:
+            return second + 1 + offset
+    raise ValueError(f"{rollout.uid}: the plan has no clause after its second fork")
 
 
 def follow_position(rollout: Rollout, alternatives: dict[str, Sequence[int]]) -> tuple[int, str]:
@@ -192,7 +219,12 @@ def calibration_demonstrations(
                 raise ValueError(f"a 2-hop plan that does not go on ({rollout.uid})")
             _expect(rollout, first, ids[","])
             _expect(rollout, second, ids[token])
-            demonstrations.append(followed(rollout, {first: emphasis / 2, second: emphasis * target}, then))
+            forks = {first: emphasis / 2, second: emphasis * target}
+            if calibration.close > 0 and token == " its":
+                closing = close_position(rollout, two_context, second)
+                _expect(rollout, closing, ids[","])
+                forks[closing] = calibration.close
+            demonstrations.append(followed(rollout, forks, then))
     return demonstrations
 
 
