@@ -22,10 +22,11 @@ Calibration trains on the teacher's first turns with the forks' targets spelled 
 Why the closing ",": the greedy agent executes a plan by restating its next clause after each search and
 follows the plan's last clause with the answer. A sampled plan that goes on but ends at its second clause
 ("..., then its alma mater." with no ", then answer") is then answered after one search: of seed 1's
-calibrated warm start's 20 sampled 2-hop plans saying ", then its" (30 questions, 4 samples each), 7 closed
-with ", then answer" and 5 of those searched twice and were right; 13 ended with "." and 1 was right
-(``docs/main_job.md``, stop 55). The teacher always closes with ", then answer", but no alternative plan of
-the teacher's parts there, so SFT's decision weights never reach that token.
+calibrated warm start's 31 sampled 2-hop plans saying ", then its" (30 questions, 4 samples each,
+``tuned_examples/sampled_plans.py``), 16 closed with ", then answer" (12 searched twice, 6 right) and 15
+did not (3 searched twice, 1 right; ``docs/main_job.md``, stop 55). The teacher always closes with
+", then answer", but no alternative plan of the teacher's parts there, so SFT's decision weights never
+reach that token.
 
 A question's three turns stay in one batch, in order, so no batch tilts the second fork one way. Steps run
 without Adam's first moment (``retune_optimizer(momentum=False)``): a soft target pulls P(" its") back from
