@@ -154,10 +154,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         for fork in ("goes_on", "its"):
             assert 0.0 <= report[hops][fork]["mean"] <= 1.0 and 0 <= report[hops][fork]["above_half"] <= 3
 
-    # sampled_plans.py samples it as GRPO does and counts each plan kind's searches and right answers.
+    # sampled_plans.py samples it as GRPO does and counts each plan kind's searches and right answers;
+    # with --topk 1 each observation shows the best passage alone.
     sampled_out = tmp_path / "sampled"
     sampled_argv = [sys.executable, str(ROOT / "tuned_examples" / "sampled_plans.py")]
-    sampled_argv += [str(out / "warm_start_model")]
+    sampled_argv += [str(out / "warm_start_model"), "--topk", "1"]
     sampled_argv += ["--questions", "2", "--samples", "2", "--threads", "1", "--out", str(sampled_out)]
     sampled = subprocess.run(
         sampled_argv,
@@ -172,8 +173,13 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     funnel = json.loads((sampled_out / "sampled_plans.json").read_text())["funnel"]
     for row in funnel.values():
         assert sum(p["episodes"] for p in row["plans"].values()) == 4 and row["questions"] == 2
-    episodes = (sampled_out / "sampled_episodes.jsonl").read_text().splitlines()
-    assert len(episodes) == 8 and all(json.loads(line)["turns"] for line in episodes)
+    episodes = [
+        json.loads(line) for line in (sampled_out / "sampled_episodes.jsonl").read_text().splitlines()
+    ]
+    assert len(episodes) == 8 and all(episode["turns"] for episode in episodes)
+    for episode in episodes:
+        assert len(episode["observations"]) == len(episode["turns"]) - 1
+        assert all("Doc 1(" in seen and "Doc 2(" not in seen for seen in episode["observations"])
 
     # --warm-start: GRPO from that export, no SFT; its evaluation of the warm start is the first run's.
     again = tmp_path / "again"
@@ -229,7 +235,8 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert not defaults.bf16  # fp32: bf16 pays only on CPUs with AVX512-BF16 or AMX (stops 50-51)
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
-    for flag in ("--calibration-questions", "--micro-batch", "--rl-micro-batch"):
+    assert defaults.topk == 2  # passages an observation shows
+    for flag in ("--calibration-questions", "--micro-batch", "--rl-micro-batch", "--topk"):
         with pytest.raises(SystemExit):
             job.parse_args([flag, "0"])
     # Calibration pairs 1-hop and 2-hop questions and needs SFT: off without either, an error if asked for.

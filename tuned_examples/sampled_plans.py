@@ -8,9 +8,10 @@ and a BM25 retriever over the embedded world's passages (in process: no Ray). By
 the main job's fork-reading ones (the last 30 training questions of each hop count: never demonstrated,
 never in RL), or the held-out ones with ``--split test``. Prints, per hop count, the funnel of
 ``algos/sampled_plans.py`` (what the plans say, which episodes searched twice, which were right, how many
-questions have partly right samples: the GRPO groups with an advantage) and writes ``sampled_plans.json``
-(and ``sampled_episodes.jsonl``, each episode's turns as text) beside the model or to ``--out``. About
-2 minutes for 30 + 30 questions x 4 samples on 2 cores of an AVX-512 CPU, 5 on an AVX2 one.
+questions have partly right samples: the GRPO groups with an advantage; how often a hop's query asked in
+the teacher's words is read right) and writes ``sampled_plans.json`` (and ``sampled_episodes.jsonl``, each
+episode's turns and observations as text) beside the model or to ``--out``. 30 + 30 questions x 4
+samples: about 2 minutes on 2 cores of an AVX-512 CPU, 5 on an AVX2 one.
 
 Use it beside ``tuned_examples/plan_forks.py`` (the forks teacher-forced) to see where a warm start loses
 its 2-hop episodes before spending RL on it (``docs/main_job.md``, stops 46 and 55).
@@ -19,6 +20,7 @@ its 2-hop episodes before spending RL on it (``docs/main_job.md``, stops 46 and 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -44,12 +46,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4, help="episodes per question (a GRPO group)")
     p.add_argument("--temperature", type=float, default=1.0, help="the first turn's sampling temperature")
     p.add_argument("--max-turn-tokens", type=int, default=48, help="the main job's default")
+    p.add_argument(
+        "--topk", type=int, default=2, help="passages an observation shows (the main job's --topk)"
+    )
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--out", help="where the results go (default: the model directory)")
     args = p.parse_args(argv)
-    if args.questions < 1 or args.samples < 1:
-        p.error("--questions and --samples must be at least 1")
+    if args.questions < 1 or args.samples < 1 or args.topk < 1:
+        p.error("--questions, --samples and --topk must be at least 1")
     return args
 
 
@@ -82,6 +87,7 @@ def sample(args: argparse.Namespace, records: list[Any]) -> list[Any]:
         "dataset": records,
         "protocol": args.protocol,
         **CPU_ENV,  # the main job's episodes: 3 turns, top-2 passages
+        "topk": args.topk,
     }
     config = (
         SearchConfig()
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rllib_search.algos.sampled_plans import describe_funnel, sampled_funnel
+    from rllib_search.env.protocols import get_protocol
+    from rllib_search.env.teacher import hops_of
     from rllib_search.llm.models import load_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -113,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     rollouts = sample(args, records)
     tokenizer = load_tokenizer(args.model)
     hops_by_uid = {record.uid: int(record.extra["num_hops"]) for record in records}
-    funnel = sampled_funnel(rollouts, tokenizer, hops_by_uid)
+    chains_by_uid = {record.uid: hops_of(record) for record in records}
+    funnel = sampled_funnel(rollouts, tokenizer, hops_by_uid, chains_by_uid, get_protocol(args.protocol))
     for hops in sorted(funnel):
         print(describe_funnel(hops, funnel[hops]), flush=True)
     out = Path(args.out or args.model)
@@ -123,8 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     (out / "sampled_plans.json").write_text(json.dumps(report, indent=2))
     with open(out / "sampled_episodes.jsonl", "w") as f:
         for rollout in rollouts:
-            turns = [tokenizer.decode(rollout.token_ids[s:e].tolist()) for s, e in rollout.turn_spans]
+            spans = rollout.turn_spans
+            turns = [tokenizer.decode(rollout.token_ids[s:e].tolist()) for s, e in spans]
+            # What the env appended after each turn but the last (the retrieved passages), for reading.
+            observations = [
+                tokenizer.decode(rollout.token_ids[end:start].tolist())
+                for (_, end), (start, _) in itertools.pairwise(spans)
+            ]
             row = {"uid": rollout.uid, "hops": hops_by_uid[rollout.uid], "turns": turns}
+            row["observations"] = observations
             row |= {"answer": rollout.answer, "golds": rollout.golden_answers}
             row["searches"] = rollout.stats["searches"]
             f.write(json.dumps(row) + "\n")

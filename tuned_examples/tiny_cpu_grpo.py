@@ -422,6 +422,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-turn-tokens", type=int, default=48)
     p.add_argument(
+        "--topk",
+        type=int,
+        default=2,
+        help="passages an observation shows (the retriever's top k); 1 shows only the best, which the "
+        "teacher's queries always rank first here (docs/main_job.md, stop 56)",
+    )
+    p.add_argument(
         "--micro-batch", type=int, default=4, help="episodes per forward/backward (SFT, fork calibration)"
     )
     p.add_argument(
@@ -464,7 +471,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
     if args.calibration_close < 0:
         p.error(f"--calibration-close must be at least 0 (0: off), got {args.calibration_close}")
-    for flag in ("calibration_questions", "micro_batch", "rl_micro_batch"):
+    for flag in ("calibration_questions", "micro_batch", "rl_micro_batch", "topk"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.rl_trained_turns is None:  # every turn is credited, so every turn is sampled at --temperature
@@ -557,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     env_settings: dict[str, Any] = {
         "protocol": args.protocol,
         "max_turns": 3,  # enough for 2 hops and the answer
-        "topk": 2,
+        "topk": args.topk,
         "max_obs_tokens": 100,
         "max_total_tokens": 1024,
     }
