@@ -86,7 +86,7 @@ def sample(args: argparse.Namespace, records: list[Any]) -> list[Any]:
         "retriever": BM25Retriever(list(iter_passages(read_corpus(corpus)))),
         "dataset": records,
         "protocol": args.protocol,
-        **CPU_ENV,  # the main job's episodes: 3 turns, top-2 passages
+        **CPU_ENV,  # the main job's episodes: 3 turns and its token budgets
         "topk": args.topk,
     }
     config = (

@@ -14,11 +14,11 @@ right answer through four stages, each counted here per hop count:
 4. the answer is right (exact match).
 
 Given the questions' hop chains, it also counts the **readings**: each search that asked a hop's query in
-the teacher's words (so the hop's answer is known to be retrieved first), and whether the next turn names
-that hop's answer. On the fork-reading questions, seed 0's and seed 1's warm starts (stop 56) read a first
-hop right 92-100% of the time and a second one 17 of 28 times: they answer with the bridge entity's other
-relation (its alma mater for its birthplace), which the top-2 passages also show, and RL that credits the
-first turn alone never trains that turn.
+the teacher's words (whose passage the embedded world's BM25 ranks first), and whether the next turn
+names that hop's answer. On the fork-reading questions, seed 0's and seed 1's warm starts (stop 56) read
+a first hop right 92-100% of the time and a second one 17 of 28 times: they answer with the bridge
+entity's other relation (its alma mater for its birthplace), which the top-2 passages also show, and RL
+that credits the first turn alone never trains that turn.
 
 Questions whose samples are partly right are the GRPO groups with an advantage (a group of equal rewards
 has none), so their count says how much a warm start leaves RL to learn from. The plan is read from the
