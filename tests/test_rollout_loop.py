@@ -286,6 +286,42 @@ def test_a_plan_weight_falls_on_the_plans_first_fork_only(smollm2_tokenizer, wor
         np.testing.assert_array_equal(demo.token_ids, same.token_ids)
 
 
+def test_a_reading_weight_falls_on_what_each_thought_after_a_search_reads(
+    smollm2_tokenizer, world, world_retriever
+):
+    """reading_weight weighs the tokens of X in "The results say X" in each turn after a search (the hop's
+    answer; on a question answered early, the first hop's), leaves the decision tokens at decision_weight and
+    the rest at 1, and changes no token."""
+    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
+    settings = {"echo_plan": True, "lazy_plan": True, "decision_weight": 5.0}
+    records, demos = planned_demonstrations(
+        smollm2_tokenizer, world, world_retriever, config, reading_weight=3.0, **settings
+    )
+    _, same_demos = planned_demonstrations(smollm2_tokenizer, world, world_retriever, config, **settings)
+    protocol = MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol
+    teacher = TeacherPolicy(protocol, state_plan=True, early_answer=0.5, lazy_plan=True, echo_plan=True)
+    teacher.hesitate_on(records)
+    kinds = set()
+    for demo, same, record in zip(demos, same_demos, records):
+        np.testing.assert_array_equal(demo.token_ids, same.token_ids)
+        hops = hops_of(record)[: demo.stats["searches"]]
+        ids = demo.token_ids.tolist()
+        read = []
+        for start, end in demo.turn_spans:
+            inside = [p for p in np.flatnonzero(demo.nll_weights == 3.0) if start <= p < end]
+            assert not inside or inside == list(range(inside[0], inside[0] + len(inside)))  # one run a turn
+            read.append(smollm2_tokenizer.decode([ids[p] for p in inside]) if inside else None)
+        assert read == [None] + [f" {hop['answer']}" for hop in hops]
+        assert [teacher.reading(record, turn) for turn in range(len(demo.turn_spans) + 1)] == (
+            [None] + [hop["answer"] for hop in hops] + [None]
+        )
+        kinds.add(len(hops_of(record)) * 10 + len(hops))
+        unread = demo.nll_weights != 3.0
+        np.testing.assert_array_equal(demo.nll_weights[unread], same.nll_weights[unread])
+        assert set(same.nll_weights[~unread]) == {1.0}  # no reading token is a decision token
+    assert kinds == {11, 21, 22}  # one hop, two hops answered early, two hops
+
+
 def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):
     """No stated plan: the first search is the same for every question, and after each search the decision
     is the turn's first token past "The results say <found>." (" Next" when it searches again)."""

@@ -239,7 +239,14 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
     assert defaults.topk == 2  # passages an observation shows
-    for flag in ("--calibration-questions", "--micro-batch", "--rl-micro-batch", "--topk"):
+    assert defaults.reading_weight == 1.0  # what a thought after a search reads: plain NLL
+    for flag in (
+        "--calibration-questions",
+        "--micro-batch",
+        "--rl-micro-batch",
+        "--topk",
+        "--reading-weight",
+    ):
         with pytest.raises(SystemExit):
             job.parse_args([flag, "0"])
     # Calibration pairs 1-hop and 2-hop questions and needs SFT: off without either, an error if asked for.

@@ -197,6 +197,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "instead of --decision-weight",
     )
     p.add_argument(
+        "--reading-weight",
+        type=float,
+        default=1.0,
+        help="SFT weight of what each thought after a search reads ('The results say X': X's tokens); "
+        "1: plain NLL (docs/main_job.md, stop 57)",
+    )
+    p.add_argument(
         "--warm-start",
         help="a Hugging Face model directory to start GRPO from (an earlier run's warm_start_model): skips "
         "the evaluation before training and the SFT stage",
@@ -471,6 +478,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
     if args.calibration_close < 0:
         p.error(f"--calibration-close must be at least 0 (0: off), got {args.calibration_close}")
+    if args.reading_weight <= 0:
+        p.error(f"--reading-weight must be positive (1: plain NLL), got {args.reading_weight}")
     for flag in ("calibration_questions", "micro_batch", "rl_micro_batch", "topk"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
@@ -684,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
             echo_plan=args.echo_plan,
             plan_weight=args.plan_weight,
             hesitate_by_kind=args.hesitate_by_kind,
+            reading_weight=args.reading_weight,
         )
         say(
             f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "

@@ -20,7 +20,11 @@ its own words, and there the separation did not hold (``tuned_examples/tiny_cpu_
 ``plan_weight`` weighs the plan's first decision token ("." or ",": whether it goes on) apart from the
 others. Measured in the main job (lazy echo, 60 + 60 demonstrations, 12 steps, the others at 5): weight
 15 took P(",") on held-out 2-hop questions to 0.89-0.98 for seeds 0 and 1 (0.42-0.70 at 5), and on 1-hop
-ones to 0.28-0.33 (0.05-0.06). The weights ride on the Rollout as ``nll_weights``.
+ones to 0.28-0.33 (0.05-0.06). ``reading_weight`` weighs what each thought after a search reads from the
+observations (the tokens of X in "The results say X"): with two passages an observation, a warm start's
+2-hop episodes read the second hop's answer wrong about 4 times in 10 (they answer with a passage of the
+first observation; ``docs/main_job.md``, stop 56), and those few tokens are what decides it. The weights
+ride on the Rollout as ``nll_weights``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ def teacher_rollouts(
     echo_plan: bool = False,
     plan_weight: float | None = None,
     hesitate_by_kind: bool = False,
+    reading_weight: float = 1.0,
 ) -> list[Rollout]:
     """One teacher episode per record (in order), as Rollouts with group id ``demo:<uid>``;
     ``state_plan``: the teacher's first thought names every hop; ``early_answer``: the fraction of the
@@ -61,7 +66,8 @@ def teacher_rollouts(
     ``lazy_plan``: its plan says so and ``echo_plan``: each thought after an observation
     restates the plan's next clause (see ``TeacherPolicy``); ``decision_weight``: the NLL weight of
     decision tokens (1: plain); ``plan_weight``: that of the first turn's first decision token instead,
-    where a stated plan says whether it goes on ("." or ",") (None: ``decision_weight``)."""
+    where a stated plan says whether it goes on ("." or ",") (None: ``decision_weight``);
+    ``reading_weight``: that of the tokens each thought after a search reads (``reading_tokens``)."""
     protocol = MultiTurnSearchEnv(tokenizer, None, None, env_config).protocol
     teacher = TeacherPolicy(
         protocol, state_plan, early_answer, seed, lazy_plan=lazy_plan, echo_plan=echo_plan
@@ -77,10 +83,11 @@ def teacher_rollouts(
             Rollout.from_env(env, f"demo:{record.uid}", 0, ends.terminated[i], ends.truncated[i])
             for i, (env, record) in enumerate(zip(envs, batch))
         )
-    if decision_weight != 1.0 or plan_weight is not None:
+    if decision_weight != 1.0 or plan_weight is not None or reading_weight != 1.0:
         for rollout, record in zip(rollouts, records):
             positions = decision_tokens(rollout, record, teacher, tokenizer)
             rollout.nll_weights = rollout.loss_mask.astype(np.float32)
+            rollout.nll_weights[reading_tokens(rollout, record, teacher, tokenizer)] = reading_weight
             rollout.nll_weights[positions] = decision_weight
             if plan_weight is not None:
                 start, end = rollout.turn_spans[0]
@@ -103,3 +110,22 @@ def decision_tokens(rollout: Rollout, record: QARecord, teacher: TeacherPolicy, 
             if first is not None:
                 positions.add(start + first)
     return sorted(positions)
+
+
+def reading_tokens(rollout: Rollout, record: QARecord, teacher: TeacherPolicy, tokenizer: Any) -> list[int]:
+    """Positions in ``rollout.token_ids`` of what each turn after a search reads: the tokens of
+    ``teacher.reading`` (the hop's answer) where they first appear in the turn, as " X" is tokenised (a word
+    after a space starts a pre-token, so the turn's ids hold the same run). Raises ValueError where a turn
+    lacks them (a teacher trajectory always has them)."""
+    positions: list[int] = []
+    for turn, (start, end) in enumerate(rollout.turn_spans):
+        read = teacher.reading(record, turn)
+        if read is None:
+            continue
+        ids = rollout.token_ids[start:end].tolist()
+        entity = tokenizer(f" {read}", add_special_tokens=False)["input_ids"]
+        at = next((k for k in range(len(ids) - len(entity) + 1) if ids[k : k + len(entity)] == entity), None)
+        if at is None:
+            raise ValueError(f"{rollout.uid}: turn {turn} does not read {read!r} in the teacher's words")
+        positions.extend(range(start + at, start + at + len(entity)))
+    return positions

@@ -149,6 +149,14 @@ class TeacherPolicy:
             answer, thought=f"The results say {last_found}{echo}.", evidence=evidence
         )
 
+    def reading(self, record: QARecord, turn: int) -> str | None:
+        """What the thought of turn ``turn`` (0-based) reads from the observations ("The results say X": the
+        previous hop's answer X), or None where the turn reads nothing (the plan, or past the episode)."""
+        hops = hops_of(record)[:1] if self.answers_early(record) else hops_of(record)
+        if turn < 1 or turn > len(hops):
+            return None
+        return hops[turn - 1]["answer"]
+
     def alternatives(self, record: QARecord, turn: int) -> list[str]:
         """The other texts this teacher writes at turn ``turn`` for a question that needs a different number
         of hops. With ``state_plan`` the decision is the plan's (turn 0: the plans of one hop, of more hops
