@@ -153,6 +153,15 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     for hops in ("1hop", "2hop"):
         for fork in ("goes_on", "its"):
             assert 0.0 <= report[hops][fork]["mean"] <= 1.0 and 0 <= report[hops][fork]["above_half"] <= 3
+    # and how it reads each hop's answer in the teacher's episodes: turn 1 of each question, turn 2 of 2-hop.
+    readings = {k: v for k, v in report["readings"].items() if k != "topk"}
+    assert report["readings"]["topk"] == 2 and "2-hop turn 2 reads the hop's answer" in forks.stdout
+    assert {k: v["count"] for k, v in readings.items()} == {
+        "1-hop turn 1": 3,
+        "2-hop turn 1": 3,
+        "2-hop turn 2": 3,
+    }
+    assert all(0.0 <= v["mean"] <= 1.0 and 0 <= v["greedy_right"] <= 3 for v in readings.values())
 
     # sampled_plans.py samples it as GRPO does and counts each plan kind's searches and right answers;
     # with --topk 1 each observation shows the best passage alone.

@@ -12,7 +12,13 @@ it (``docs/main_job.md``): RL can lift the second search on 2-hop questions with
 when the kinds part at "," (low on 1-hop, high on 2-hop questions) and " its" is sampled sometimes but not
 chosen greedily on 2-hop questions.
 
-Prints one line per hop count and writes ``plan_forks.json`` beside the model (or to ``--out``).
+It also reads how well the warm start reads each hop's answer from the passages
+(``algos/teacher_forced_reading.py``): the teacher's whole episodes on the same questions (2-hop ones
+going on), with real observations of ``--topk`` passages from a BM25 retriever, and at each "The results
+say X" the model's probability of X and whether greedy decoding would name it.
+
+Prints one line per hop count and per reading and writes ``plan_forks.json`` beside the model (or to
+``--out``).
 """
 
 from __future__ import annotations
@@ -34,9 +40,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--protocol", default="search_r1_compact", help="the protocol the model was trained on")
     p.add_argument("--world-seed", type=int, default=0)
     p.add_argument("--questions", type=int, default=50, help="held-out questions per hop count")
+    p.add_argument(
+        "--topk", type=int, default=2, help="passages an observation shows (the main job's --topk)"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--out", help="where plan_forks.json goes (default: the model directory)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.questions < 1 or args.topk < 1:
+        p.error("--questions and --topk must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,19 +56,28 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rllib_search.algos.demonstrations import teacher_rollouts
     from rllib_search.algos.plan_forks import FORKS, batch_fork_probabilities, fork_contexts, summarize_forks
+    from rllib_search.algos.teacher_forced_reading import reading_probabilities, summarize_readings
+    from rllib_search.data.formats import iter_passages, read_corpus
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
+    from rllib_search.env.teacher import TeacherPolicy
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.recipes import embedded
+    from rllib_search.recipes.scales import CPU_ENV
+    from rllib_search.serve.bm25 import BM25Retriever
 
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol))
-    test = embedded.embedded_world(args.world_seed).records("test")
+    world = embedded.embedded_world(args.world_seed)
+    test = world.records("test")
     report: dict[str, Any] = {"model": str(args.model), "forks": {k: list(v) for k, v in FORKS.items()}}
+    questions = []
     for hops in (1, 2):
         records = [r for r in test if r.extra["num_hops"] == hops][: args.questions]
+        questions += records
         contexts = fork_contexts(records, env, tokenizer)
         summary = summarize_forks(batch_fork_probabilities(model, tokenizer, contexts))
         report[f"{hops}hop"] = {"questions": len(contexts), **summary}
@@ -64,6 +85,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{hops}-hop ({len(contexts)} questions): P(',' vs '.') {summary['goes_on']['mean']:.2f} "
             f"(above 0.5 on {summary['goes_on']['above_half']}), P(' its' vs ' answer' | ', then') "
             f"{summary['its']['mean']:.2f} (above 0.5 on {summary['its']['above_half']})",
+            flush=True,
+        )
+    # The teacher's episodes as the main job's demonstrations are played: its episode settings and
+    # --topk, the lazy echo's plans, every 2-hop question going on (no hesitation), so each has two readings.
+    env_config = SearchEnvConfig(protocol=args.protocol, **{**CPU_ENV, "topk": args.topk})
+    retriever = BM25Retriever(list(iter_passages(read_corpus(world.corpus))))
+    episodes = teacher_rollouts(
+        tokenizer, retriever, questions, env_config, state_plan=True, lazy_plan=True, echo_plan=True
+    )
+    teacher = TeacherPolicy(env.protocol, state_plan=True, lazy_plan=True, echo_plan=True)
+    readings = summarize_readings(reading_probabilities(model, tokenizer, episodes, questions, teacher))
+    report["readings"] = {"topk": args.topk, **readings}
+    for where, reading in readings.items():
+        print(
+            f"{where} reads the hop's answer with P {reading['mean']:.2f} "
+            f"(greedy right on {reading['greedy_right']} of {reading['count']}; {args.topk} passages)",
             flush=True,
         )
     out = Path(args.out or args.model)
