@@ -271,9 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         if summary is not None:
             row = rows[-1]
             verdict = "meets the goal" if row["meets_goal"] else "fails: " + "; ".join(row["why_not"])
+            low, high = row["rl_gain_2hop_interval"]
             print(
                 f"[{done + 1}/{len(args.seeds)} seeds, {time.perf_counter() - started:.0f}s] seed {seed}: "
-                f"2-hop {row['rl_gain_2hop']:+.2f} {row['rl_gain_2hop_interval']}, {verdict}; "
+                f"2-hop {row['rl_gain_2hop']:+.2f} [{low:+.2f}, {high:+.2f}], {verdict}; "
                 f"{document['passes']} of {len(rows)} so far",
                 flush=True,
             )
