@@ -71,6 +71,12 @@ def retriever():
     return BM25Retriever(PASSAGES)
 
 
+@pytest.fixture(scope="session")
+def world_retriever(world):
+    """BM25 over the session world's passages (teacher episodes in the rollout and reading tests)."""
+    return BM25Retriever(world.passages)
+
+
 @pytest.fixture
 def records():
     return list(RECORDS)

@@ -12,7 +12,6 @@ from rllib_search.algos.scripted_rollout import run_scripted_rollouts
 from rllib_search.algos.shuffled_sampler import ShuffledSampler
 from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.env.teacher import TeacherPolicy, hops_of, later_relations
-from rllib_search.serve.bm25 import BM25Retriever
 
 
 # --- ShuffledSampler ----------------------------------------------------------------------------------------
@@ -43,11 +42,6 @@ def test_restart_draws_from_the_new_size():
 
 
 # --- the loop with scripted policies ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def world_retriever(world):
-    return BM25Retriever(world.passages)
-
-
 @pytest.mark.parametrize("protocol", ["search_r1", "r1_searcher", "r_search"])
 def test_teacher_demonstrations_carry_the_teachers_ids_once_tokenised(
     smollm2_tokenizer, world, world_retriever, protocol

@@ -13,15 +13,9 @@ from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.env.teacher import TeacherPolicy, hops_of
 from rllib_search.llm.models import load_causal_lm
 from rllib_search.llm.tiny import build_tiny_causal_lm
-from rllib_search.serve.bm25 import BM25Retriever
 
 CONFIG = SearchEnvConfig(protocol="search_r1_compact", max_turns=3, topk=2)
 LAZY_ECHO = {"state_plan": True, "lazy_plan": True, "echo_plan": True}
-
-
-@pytest.fixture(scope="module")
-def world_retriever(world):
-    return BM25Retriever(world.passages)
 
 
 @pytest.fixture(scope="module")
