@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rllib_search.algos.demonstrations import teacher_rollouts
+from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
 from rllib_search.algos.policies import ScriptedPolicy
 from rllib_search.algos.rollout_loop import roll_out
 from rllib_search.algos.scripted_rollout import run_scripted_rollouts
@@ -314,6 +314,23 @@ def test_a_reading_weight_falls_on_what_each_thought_after_a_search_reads(
         np.testing.assert_array_equal(demo.nll_weights[unread], same.nll_weights[unread])
         assert set(same.nll_weights[~unread]) == {1.0}  # no reading token is a decision token
     assert kinds == {11, 21, 22}  # one hop, two hops answered early, two hops
+
+
+def test_turns_over_budget_counts_the_demonstrated_turns_a_budget_cuts(
+    smollm2_tokenizer, world, world_retriever
+):
+    """turns_over_budget returns the token count of every demonstrated turn longer than the budget (each
+    turn's span, as the sampler would generate it), and nothing at the longest turn's length."""
+    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
+    _, demos = planned_demonstrations(
+        smollm2_tokenizer, world, world_retriever, config, lazy_plan=True, echo_plan=True
+    )
+    lengths = sorted(end - start for demo in demos for start, end in demo.turn_spans)
+    longest = lengths[-1]
+    assert turns_over_budget(demos, longest) == []
+    assert turns_over_budget(demos, longest - 1) == [longest] * lengths.count(longest)
+    budget = lengths[len(lengths) // 2]
+    assert sorted(turns_over_budget(demos, budget)) == [n for n in lengths if n > budget]
 
 
 def test_without_a_plan_the_decision_tokens_follow_each_search(smollm2_tokenizer, world, world_retriever):

@@ -57,6 +57,9 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         assert all(0.0 <= p <= 1.0 for hops in ("1", "2") for p in row["forks"][hops].values())
     assert "forks: P(',')" in done.stdout.split("grpo iter  2/2")[1].splitlines()[0]
     assert summary["rl_stopped_at"] is None  # no --rl-stop-on-fork-rise: every iteration runs
+    # --max-turn-tokens 12 cuts the teacher's turns: the job says so and counts them.
+    assert summary["demonstrated_turns_over_budget"] > 0
+    assert "demonstrated turns are longer than --max-turn-tokens 12" in done.stdout
     # --rl-dynamic-sampling 2: at most 2 rounds an iteration, the second only while fewer than 2 (--prompts)
     # groups with differing rewards are held.
     for row in summary["grpo"]:
@@ -249,6 +252,10 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
     assert defaults.topk == 2  # passages an observation shows
     assert defaults.reading_weight == 1.0  # what a thought after a search reads: plain NLL
+    # The turn budget fits every turn the teacher writes on the embedded world (48 cut a 2-hop question's
+    # second search on a quarter of them, so RL and the evaluation could not answer those: stop 58).
+    assert defaults.max_turn_tokens == 64
+    assert longest_teacher_turns(defaults) == (60, 57)  # 1-2 hops, 3 hops; 48 at 1-hop
     for flag in (
         "--calibration-questions",
         "--micro-batch",
@@ -296,6 +303,29 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,
 # as a submitted job): one local Ray fewer in the suite.
 EXAMPLES = ["search_r1_ppo", "r1_searcher", "r_search_grpo"]
+
+
+def longest_teacher_turns(args) -> tuple[int, int]:
+    """The token count of the longest turn the main job's teacher writes on its world's questions with 1-2
+    hops and with 3 (its plan and search turns; the answer turn's evidence is empty here: the compact
+    protocol has none), in SmolLM2's tokens."""
+    from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+    from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
+    from rllib_search.env.teacher import TeacherPolicy, hops_of
+    from rllib_search.llm.models import load_tokenizer
+
+    tokenizer = load_tokenizer(args.model)
+    protocol = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=args.protocol)).protocol
+    assert args.state_plan and args.lazy_plan and args.echo_plan  # the lazy echo
+    teacher = TeacherPolicy(protocol, state_plan=True, lazy_plan=True, echo_plan=True)
+    world = generate_world(SyntheticWorldConfig(seed=args.world_seed))
+    longest = {False: 0, True: 0}
+    for record in world.train + world.test:
+        hops = len(hops_of(record))
+        for turn in range(hops + 1):
+            ids = tokenizer(teacher.segment(record, turn, []), add_special_tokens=False)["input_ids"]
+            longest[hops == 3] = max(longest[hops == 3], len(ids))
+    return longest[False], longest[True]
 
 
 @pytest.fixture(scope="module")

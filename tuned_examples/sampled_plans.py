@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--questions", type=int, default=30, help="questions per hop count")
     p.add_argument("--samples", type=int, default=4, help="episodes per question (a GRPO group)")
     p.add_argument("--temperature", type=float, default=1.0, help="the first turn's sampling temperature")
-    p.add_argument("--max-turn-tokens", type=int, default=48, help="the main job's default")
+    p.add_argument("--max-turn-tokens", type=int, default=64, help="the main job's default")
     p.add_argument(
         "--topk", type=int, default=2, help="passages an observation shows (the main job's --topk)"
     )

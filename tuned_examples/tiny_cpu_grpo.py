@@ -427,7 +427,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "questions and settings (algos/evaluation_cache.py, under $RLLIB_SEARCH_CACHE/evaluations): greedy "
         "decoding of unchanged weights gives the same answers, and it saves about 90 s",
     )
-    p.add_argument("--max-turn-tokens", type=int, default=48)
+    p.add_argument(
+        "--max-turn-tokens",
+        type=int,
+        default=64,
+        help="tokens a turn may generate; the teacher's longest turn here is 60 (a 2-hop question's second "
+        "search, over 48 tokens on a quarter of them: docs/main_job.md, stop 58)",
+    )
     p.add_argument(
         "--topk",
         type=int,
@@ -508,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rllib_search import ENV_ID
     from rllib_search.algos.configs import SearchGRPOConfig, SearchSFTConfig
-    from rllib_search.algos.demonstrations import teacher_rollouts
+    from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
     from rllib_search.algos.evaluation import (
         Estimate,
         paired_gain,
@@ -679,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     demonstrated |= {record.uid for h in fork_questions for record in fork_questions[h]}
     undemonstrated = {h: [r for r in by_hops[h] if r.uid not in demonstrated] for h in (1, 2)}
     demos = []
+    demonstrated_turns_over_budget: list[int] = []  # token counts of turns the budget cuts
     if not args.warm_start or args.ptx_coeff > 0:
         demos = teacher_rollouts(
             tokenizer,
@@ -699,6 +706,13 @@ def main(argv: list[str] | None = None) -> int:
             f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
             f"{args.two_hop_demonstrations} 2-hop)"
         )
+        demonstrated_turns_over_budget = turns_over_budget(demos, args.max_turn_tokens)
+        if demonstrated_turns_over_budget:
+            say(
+                f"warning: {len(demonstrated_turns_over_budget)} demonstrated turns are longer than "
+                f"--max-turn-tokens {args.max_turn_tokens} (up to {max(demonstrated_turns_over_budget)} "
+                "tokens): the agent cannot write them whole, so their questions fail at that turn"
+            )
     table = []
     sft_forks: list[dict[str, Any]] = []  # --sft-fork-window: the forks read at each step
     calibration: list[dict[str, Any]] = []  # --fork-calibration: each step's NLL and forks
@@ -972,6 +986,7 @@ def main(argv: list[str] | None = None) -> int:
         "rl_gain": gain.to_dict(),
         "rl_recipe": rl_recipe,
         "sft_steps_run": sft_steps_run,
+        "demonstrated_turns_over_budget": len(demonstrated_turns_over_budget),
         "sft_forks": sft_forks,
         "fork_calibration": calibration,
         "grpo": history,
