@@ -31,7 +31,7 @@ def test_a_port_in_use_is_not_free_and_is_skipped():
         held.listen()
         taken = held.getsockname()[1]
         assert not is_free(taken)
-        # the same seed draws `taken` first; the picker moves on to the next free draw
+        # the same seed draws `taken` again; the picker skips it for a later free draw
         assert free_port(random.Random(0)) != taken
 
 

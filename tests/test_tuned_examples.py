@@ -255,7 +255,7 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     # The turn budget fits every turn the teacher writes on the embedded world (48 cut a 2-hop question's
     # second search on a quarter of them, so RL and the evaluation could not answer those: stop 58).
     assert defaults.max_turn_tokens == 64
-    assert longest_teacher_turns(defaults) == (60, 57)  # 1-2 hops, 3 hops; 48 at 1-hop
+    assert longest_teacher_turns(defaults) == (60, 57)  # 1-2 hops (a 2-hop second search), 3 hops
     for flag in (
         "--calibration-questions",
         "--micro-batch",
