@@ -146,6 +146,39 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     runner = _findings_script()
     assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}
     assert runner.carried_over(out / "findings.json", {**moved["run"], "iterations": 2}) == {}
+    # Each finding records the turn budget it was measured at (the smoke's 32). A file written before that
+    # was recorded was measured at the earlier CPU budgets: its findings carry over with those, and a run
+    # whose recipe has another budget trains them again.
+    assert moved["run"]["max_turn_tokens"] == {"search_r1": 32, "r_search": 32}
+    assert moved["findings"]["masking"]["max_turn_tokens"] == 32
+    assert "measured at: 32 (Retrieved-token masking)" in table
+    earlier = tmp_path / "earlier.json"
+    unstamped = {k: v for k, v in moved["findings"]["masking"].items() if k != "max_turn_tokens"}
+    earlier.write_text(json.dumps({**moved, "findings": {**moved["findings"], "masking": unstamped}}))
+    carried = runner.carried_over(earlier, moved["run"])
+    assert carried["masking"]["max_turn_tokens"] == 48
+    (masking_finding,) = study.select(["masking"])
+    assert runner.to_run([masking_finding], carried, moved["run"], fresh=False) == [masking_finding]
+    assert (
+        runner.to_run(
+            [masking_finding],
+            runner.carried_over(out / "findings.json", moved["run"]),
+            moved["run"],
+            fresh=False,
+        )
+        == []
+    )
+
+
+def test_each_finding_says_the_turn_budget_it_was_measured_at():
+    masking, evidence = study.BY_KEY["masking"], study.BY_KEY["evidence"]
+    assert study.measured_turn_budget(masking, {}) == 48 and study.measured_turn_budget(evidence, {}) == 64
+    assert study.measured_turn_budget(evidence, {"max_turn_tokens": 128}) == 128
+    results = {"evidence": {"max_turn_tokens": 128}, "algorithms": {"max_turn_tokens": 64}, "masking": {}}
+    assert study.turn_budgets_text(results) == (
+        "48 (Retrieved-token masking); 64 (RL algorithm); 128 (R-Search evidence reward)"
+    )
+    assert study.turn_budgets_text({}) == "—"
 
 
 def _findings_script():

@@ -103,3 +103,35 @@ def test_every_recipe_trains_at_cpu_scale(name, service, judge_url, policy_dir, 
             )
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_cpu_turn_budget_holds_every_turn_the_teacher_writes(name, smollm2_tokenizer, embedded_world_data):
+    """At CPU scale a recipe's policy is warm-started on the teacher's trajectories in the recipe's protocol;
+    a turn budget below the teacher's longest turn makes RL's sampler cut what the warm start taught (48
+    tokens cut R1-Searcher's query turns and R-Search's answer turns, which quote their evidence)."""
+    from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
+    from rllib_search.env.search_env import SearchEnvConfig
+
+    config = RECIPES[name](dataset=None, scale="cpu")
+    settings = {k: v for k, v in config.env_config.items() if k not in ("dataset", "retriever", "judge")}
+    retriever, records = embedded_world_data
+    demos = teacher_rollouts(smollm2_tokenizer, retriever, records, SearchEnvConfig.from_dict(settings))
+    assert len(demos) == len(records)
+    assert turns_over_budget(demos, config.max_turn_tokens) == [], name
+
+
+@pytest.fixture(scope="module")
+def embedded_world_data():
+    """The embedded default's world (seed 0): an in-process BM25 over its passages, and the questions the
+    recipes' warm start demonstrates (120 1-hop and 40 2-hop training ones) with 50 + 50 held-out ones."""
+    from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+    from rllib_search.serve.bm25 import BM25Retriever
+
+    world = generate_world(SyntheticWorldConfig(seed=0))
+
+    def hops(records, n):
+        return [r for r in records if r.extra["num_hops"] == n]
+
+    records = hops(world.train, 1)[:120] + hops(world.train, 2)[:40] + hops(world.test, 1)[:50]
+    return BM25Retriever(world.passages), records + hops(world.test, 2)[:50]

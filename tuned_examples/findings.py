@@ -96,13 +96,19 @@ def main(argv: list[str] | None = None) -> int:
         "hops": list(args.hops),
         "warm_start_steps": args.warm_start_steps or size["warm_start"],
         "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
+        "max_turn_tokens": turn_budgets(job),
     }
     (job.out / "run.json").write_text(json.dumps(run, indent=2))
     carried = carried_over(json_path, run)
-    pending = [f for f in findings if args.fresh or carried.get(f.key, {}).get("status") != "run"]
+    pending = to_run(findings, carried, run, fresh=args.fresh)
     for finding in findings:
         if finding not in pending:
             job.say(f"{finding.key}: every arm's results are in {json_path} (same run settings); kept")
+        elif (analysis := carried.get(finding.key, {})).get("status") == "run":
+            job.say(
+                f"{finding.key}: measured at {study.measured_turn_budget(finding, analysis)} tokens a turn, "
+                f"the recipe's budget is {run['max_turn_tokens'][finding.base]}: running it again"
+            )
     if not pending:
         write_report(job.out, markdown, json_path, job.say)
         return 0
@@ -129,6 +135,28 @@ def main(argv: list[str] | None = None) -> int:
                 run_arm(job, finding, arm, config, seeds, args)
         write_report(job.out, markdown, json_path, job.say)
     return 0
+
+
+def turn_budgets(job: RecipeJob) -> dict[str, int]:
+    """Each base recipe's turn budget as the study trains it (CPU scale; smoke-sized under ``--smoke``)."""
+    return {
+        "search_r1": job.smoke_sized(search_r1_grpo(dataset=None, scale="cpu")).max_turn_tokens,
+        "r_search": job.smoke_sized(r_search_grpo(dataset=None, scale="cpu")).max_turn_tokens,
+    }
+
+
+def to_run(
+    findings: list[study.Finding], carried: dict[str, dict[str, Any]], run: dict[str, Any], *, fresh: bool
+) -> list[study.Finding]:
+    """The findings to train: all with ``fresh``; otherwise those without every arm's results carried over,
+    or carried over from a turn budget other than the one their base recipe has now."""
+    return [
+        finding
+        for finding in findings
+        if fresh
+        or carried.get(finding.key, {}).get("status") != "run"
+        or study.measured_turn_budget(finding, carried[finding.key]) != run["max_turn_tokens"][finding.base]
+    ]
 
 
 def base_recipe(
@@ -210,16 +238,18 @@ RUN_SETTINGS = (  # a finding's results carry over between machines only when al
 def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The findings an earlier run (on this machine or another: the study spans sessions, and its Tune
     results under ``--out`` do not travel) analysed in ``json_path`` with the same run settings: finding key
-    -> its analysis. A file from other settings, or none, carries nothing over."""
+    -> its analysis, with the turn budget it was measured at. A file from other settings, or none, carries
+    nothing over."""
     if not json_path.exists():
         return {}
     earlier = json.loads(json_path.read_text())
     if any(earlier.get("run", {}).get(key) != run.get(key) for key in RUN_SETTINGS):
         return {}
     return {
-        key: analysis
-        for key, analysis in earlier.get("findings", {}).items()
-        if analysis.get("status") in ("run", "partly run")
+        finding.key: {**analysis, "max_turn_tokens": study.measured_turn_budget(finding, analysis)}
+        for finding in study.FINDINGS
+        if (analysis := earlier.get("findings", {}).get(finding.key, {})).get("status")
+        in ("run", "partly run")
     }
 
 
@@ -244,7 +274,11 @@ def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
             if grid is not None:
                 trials[arm.name] = [study.trial_record(result) for result in grid]
         if trials and len(trials) >= arms_run(results.get(finding.key)):
-            results[finding.key] = study.analyse(finding, trials)
+            budgets = run.get("max_turn_tokens", study.EARLIER_TURN_BUDGETS)
+            results[finding.key] = {
+                **study.analyse(finding, trials),
+                "max_turn_tokens": budgets[finding.base],
+            }
     study.report(run, results, markdown, json_path)
     say(f"wrote {markdown} and {json_path}")
 

@@ -135,15 +135,18 @@ def warm_start(
     batch: int = 8,
     lr: float = 8e-5,
     seed: int = 0,
+    max_turn_tokens: int | None = None,
     say: Any = print,
 ) -> Path:
     """Masked SFT of ``model`` on teacher trajectories of ``records`` (through the real retriever and envs,
     so demonstrations have RL's token layout and masks), exported to ``out_dir``; returns the export.
 
-    ``env_config`` holds the env settings (protocol, budgets); ``retriever`` is a retriever spec.
+    ``env_config`` holds the env settings (protocol, budgets); ``retriever`` is a retriever spec. With
+    ``max_turn_tokens`` (RL's turn budget), a warning says how many demonstrated turns are longer: turns the
+    policy learns here and RL's sampler will cut.
     """
     from rllib_search.algos.configs import SearchSFTConfig
-    from rllib_search.algos.demonstrations import teacher_rollouts
+    from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
     from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.serve.client import build_retriever
@@ -152,6 +155,11 @@ def warm_start(
         load_tokenizer(model), build_retriever(retriever), records, SearchEnvConfig.from_dict(env_config)
     )
     say(f"warm start: {len(demos)} teacher trajectories, {steps} SFT steps")
+    if max_turn_tokens is not None and (over := turns_over_budget(demos, max_turn_tokens)):
+        say(
+            f"warning: {len(over)} demonstrated turns are longer than the {max_turn_tokens}-token turn "
+            f"budget (up to {max(over)} tokens); RL's sampler cuts them (raise max_turn_tokens)"
+        )
     config = (
         SearchSFTConfig()
         .environment(ENV_ID, env_config={"retriever": retriever, "dataset": records, **env_config})

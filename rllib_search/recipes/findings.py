@@ -481,6 +481,28 @@ def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> st
 
 
 # --- the report -------------------------------------------------------------------------------------------
+# A finding analysed before its turn budget was recorded was measured at the CPU recipes' budgets of then,
+# which cut the teacher's longer turns (found in stop 59): R-Search's answer turn quoting its evidence (up to
+# 123 tokens; 207 of 260 answer turns were over 64), a few of Search-R1's second searches (up to 54).
+EARLIER_TURN_BUDGETS = {"search_r1": 48, "r_search": 64}
+
+
+def measured_turn_budget(finding: Finding, analysis: dict[str, Any]) -> int:
+    """The turn budget (tokens a turn may generate) ``finding``'s ``analysis`` was measured at."""
+    return int(analysis.get("max_turn_tokens", EARLIER_TURN_BUDGETS[finding.base]))
+
+
+def turn_budgets_text(results: dict[str, dict[str, Any]]) -> str:
+    """The report's line of turn budgets: each budget with the findings measured at it."""
+    by_budget: dict[int, list[str]] = {}
+    for finding in FINDINGS:
+        if finding.key in results:
+            by_budget.setdefault(measured_turn_budget(finding, results[finding.key]), []).append(
+                finding.title
+            )
+    return "; ".join(f"{budget} ({', '.join(titles)})" for budget, titles in by_budget.items()) or "—"
+
+
 def report(
     run: dict[str, Any], results: dict[str, dict[str, Any]], markdown: Path, json_path: Path
 ) -> dict[str, Any]:
@@ -505,6 +527,8 @@ def report(
         f"- per arm: {run.get('iterations', '—')} iterations, seeds {run.get('seeds', '—')}, warm start "
         f"{run.get('warm_start_steps', '—')} SFT steps (weak: {run.get('weak_warm_start_steps', '—')}), "
         f"held-out {run.get('held_out_per_hop', '—')} questions per hop count {run.get('hops', '—')}",
+        "- turn budget (tokens a turn may generate) the findings were measured at: "
+        f"{turn_budgets_text(results)}",
         "- EM: held-out exact match pooled over seeds, 95% bootstrap interval over (seed, question); ΔEM: "
         "the paired per-question difference (arm minus the one it is compared with), 95% bootstrap interval. "
         'Reproduced: yes / no / inconclusive (interval covers 0); for a paper\'s "no difference", yes when '

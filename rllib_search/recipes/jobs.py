@@ -197,10 +197,16 @@ class RecipeJob:
         return config.rollouts(prompts_per_sample=1, max_turn_tokens=32)
 
     def prepared(self, recipe: Any, **warm_start: Any) -> Any:
-        """``recipe`` ready to train here: its policy warm-started where :meth:`warm_started` says
-        (``warm_start`` goes to it) and its rollouts smoke-sized under ``--smoke``."""
-        model = self.warm_started(recipe.model_config["model"], recipe.env_config, **warm_start)
-        return self.smoke_sized(recipe.rl_module(model_config={**recipe.model_config, "model": model}))
+        """``recipe`` ready to train here: its rollouts smoke-sized under ``--smoke`` and its policy
+        warm-started where :meth:`warm_started` says (``warm_start`` goes to it), against its turn budget."""
+        recipe = self.smoke_sized(recipe)
+        model = self.warm_started(
+            recipe.model_config["model"],
+            recipe.env_config,
+            max_turn_tokens=recipe.max_turn_tokens,
+            **warm_start,
+        )
+        return recipe.rl_module(model_config={**recipe.model_config, "model": model})
 
     def warm_started(
         self,
@@ -211,11 +217,13 @@ class RecipeJob:
         directory: str = "warm_start_model",
         always: bool = False,
         reuse: bool = False,
+        max_turn_tokens: int | None = None,
     ) -> str:
         """On ``--embedded`` (or on the embedded default at any size with ``always``), the policy after
         ``steps`` masked-SFT steps of a warm start on teacher trajectories (1-hop and 2-hop training
         questions; a handful under ``--smoke``), exported to ``--out``/``directory``; otherwise ``model``
-        itself. With ``reuse`` (or ``--resume``), an export already there is used as it is (a resumed run)."""
+        itself. With ``reuse`` (or ``--resume``), an export already there is used as it is (a resumed run).
+        ``max_turn_tokens``: RL's turn budget, to warn about demonstrated turns longer than it."""
         if self.world is None or not (self.args.embedded or always):
             return model
         path = self.out / directory
@@ -236,6 +244,7 @@ class RecipeJob:
             path,
             steps=steps,
             seed=self.args.seed,
+            max_turn_tokens=max_turn_tokens,
             say=self.say,
         )
         return str(path)

@@ -55,7 +55,10 @@ def r1_searcher_reinforce_pp(
         .reward_schedule(stages=[stage1, stage2])
     )
     if scale == "cpu":
-        return at_cpu_scale(config, model=model, group_size=4, training={"kl_coeff": 0.0})
+        # R1-Searcher's tags are longer (<|begin_of_query|> ...): the teacher's turns take up to 66 tokens.
+        return at_cpu_scale(
+            config, model=model, group_size=4, rollouts={"max_turn_tokens": 80}, training={"kl_coeff": 0.0}
+        )
     training = {
         "lr": 2e-6,
         "kl_coeff": 0.0,

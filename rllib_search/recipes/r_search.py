@@ -62,8 +62,9 @@ def r_search_grpo(
         SearchGRPOConfig().environment(ENV_ID, env_config=env_config).training(mask_retrieved_tokens=True)
     )
     if scale == "cpu":
+        # The answer turn quotes its evidence (a passage a hop): up to 123 tokens on a 2-hop question.
         return at_cpu_scale(
-            config, model=model, group_size=4, rollouts={"max_turn_tokens": 64}, training={"kl_coeff": 0.001}
+            config, model=model, group_size=4, rollouts={"max_turn_tokens": 128}, training={"kl_coeff": 0.001}
         )
     training = {
         "lr": 1e-6,

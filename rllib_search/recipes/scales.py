@@ -11,7 +11,11 @@ CPU_JUDGE = "gemma3-270m"
 
 # Budgets for two CPU cores: short turns and contexts, few questions an iteration (the main job's).
 CPU_ENV = {"max_turns": 3, "topk": 2, "max_obs_tokens": 100, "max_total_tokens": 1024}
-CPU_ROLLOUTS = {"prompts_per_sample": 2, "max_turn_tokens": 48, "engine": "hf"}
+# A turn's budget must hold the teacher's longest turn in the recipe's protocol, or the sampler cuts the
+# warm-started policy's turns mid-tag and the env reads invalid actions. On the embedded world (1-2 hop
+# questions, SmolLM2's tokens) Search-R1's protocol writes turns of up to 54 tokens; R1-Searcher and R-Search
+# set their own (r1_searcher.py, r_search.py). A turn that closes costs the same under a larger budget.
+CPU_ROLLOUTS = {"prompts_per_sample": 2, "max_turn_tokens": 64, "engine": "hf"}
 CPU_TRAINING = {"lr": 3e-5, "micro_batch_size": 4, "minibatch_size": 8}
 
 # The papers' nodes: 8 GPUs, here 4 learners and 4 vLLM EnvRunners with a GPU each.
