@@ -17,8 +17,10 @@ question, so an arm's EM and an arm-vs-arm difference get bootstrap intervals (`
 Run the same command again and it resumes: finished arms are read back, unfinished ones continue from their
 checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study (hours on two CPU cores)
 can span sessions. It also spans machines: a finding whose every arm is already analysed in the results
-file (``--json``, committed) with the same run settings is kept, not run again, and the report merges it
-with what ran here (with nothing left to run, no Ray is started). It writes ``docs/findings.md`` (one
+file (``--json``, committed) with the same run settings and at its base recipe's turn budget is kept, not
+run again, and the report merges it with what ran here (with nothing left to run, no Ray is started); one
+measured at another turn budget is trained again (add ``--fresh`` where ``--out`` still holds that
+budget's Tune experiments, which would otherwise be restored). It writes ``docs/findings.md`` (one
 table: each arm's held-out EM with its 95% interval, the paper's direction and whether it reproduced here;
 learning-curve PNGs under ``docs/findings/``) and ``benchmarks/results/findings.json``, from every arm's
 results found under ``--out`` ("not yet run" for the rest); ``--smoke`` writes them under ``--out`` instead.
