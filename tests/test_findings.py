@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,11 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     run()
     # Finished trials keep their results, not their checkpoints (the study's disk is its trials in flight).
     assert list((out / "tune").glob("*/*/result.json")) and not list((out / "tune").glob("*/*/checkpoint_*"))
+    # Each arm's experiment is named with the turn budget it trained at (the smoke's 32 tokens).
+    assert sorted(p.name for p in (out / "tune").iterdir()) == [
+        "masking__masking_off__32_tokens",
+        "masking__masking_on__32_tokens",
+    ]
     document = json.loads((out / "findings.json").read_text())
     assert document["run"]["scale"] == "smoke" and document["run"]["seeds"] == [0, 1]
     masking = document["findings"]["masking"]
@@ -85,7 +91,7 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
             (
                 out
                 / "tune"
-                / study.experiment_name(study.BY_KEY["masking"], study.BY_KEY["masking"].arm(name))
+                / study.experiment_name(study.BY_KEY["masking"], study.BY_KEY["masking"].arm(name), 32)
             ).glob("*/result.json")
         ):
             last = json.loads(result_file.read_text().strip().splitlines()[-1])
@@ -142,6 +148,18 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     relative = json.loads((tmp_path / "relative.json").read_text())
     assert relative["findings"]["masking"]["arms"] == masking["arms"]
+    # The same experiments under another budget's names (an earlier recipe's runs left in --out) are not
+    # this run's arms: the report leaves the finding not yet run rather than stamp them with this budget.
+    other = tmp_path / "other"
+    (other / "tune").mkdir(parents=True)
+    (other / "run.json").write_text((out / "run.json").read_text())
+    for experiment in (out / "tune").iterdir():
+        shutil.copytree(experiment, other / "tune" / experiment.name.replace("__32_tokens", "__48_tokens"))
+    report = [sys.executable, str(ROOT / "tuned_examples" / "findings.py"), "--smoke", "--report-only"]
+    report += ["--out", str(other), "--json", str(tmp_path / "other.json")]
+    done = subprocess.run(report, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((tmp_path / "other.json").read_text())["findings"]["masking"]["status"] == "not yet run"
     # A run with other settings carries nothing over (its arms are not the same experiment).
     runner = _findings_script()
     assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}
@@ -179,6 +197,10 @@ def test_each_finding_says_the_turn_budget_it_was_measured_at():
         "48 (Retrieved-token masking); 64 (RL algorithm); 128 (R-Search evidence reward)"
     )
     assert study.turn_budgets_text({}) == "—"
+    # An arm's Tune experiment is named with its budget: one trained at another is another experiment.
+    on = masking.arm("masking on")
+    assert study.experiment_name(masking, on, 64) == "masking__masking_on__64_tokens"
+    assert study.experiment_name(masking, on, 48) != study.experiment_name(masking, on, 64)
 
 
 def _findings_script():

@@ -19,8 +19,9 @@ checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study
 can span sessions. It also spans machines: a finding whose every arm is already analysed in the results
 file (``--json``, committed) with the same run settings and at its base recipe's turn budget is kept, not
 run again, and the report merges it with what ran here (with nothing left to run, no Ray is started); one
-measured at another turn budget is trained again (add ``--fresh`` where ``--out`` still holds that
-budget's Tune experiments, which would otherwise be restored). It writes ``docs/findings.md`` (one
+measured at another turn budget is trained again. An arm's Tune experiment is named with its turn budget
+(``masking__masking_on__64_tokens``), so one trained at another budget is neither resumed nor reported
+as this one. It writes ``docs/findings.md`` (one
 table: each arm's held-out EM with its 95% interval, the paper's direction and whether it reproduced here;
 learning-curve PNGs under ``docs/findings/``) and ``benchmarks/results/findings.json``, from every arm's
 results found under ``--out`` ("not yet run" for the rest); ``--smoke`` writes them under ``--out`` instead.
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in finding.arms:
                 config = study.arm_config(base, arm, context)
                 config = config.held_out(dataset=held_out, interval=job.iterations, answers=True)
-                run_arm(job, finding, arm, config, seeds, args)
+                run_arm(job, finding, arm, config, seeds, args, run["max_turn_tokens"][finding.base])
         write_report(job.out, markdown, json_path, job.say)
     return 0
 
@@ -205,16 +206,22 @@ def retriever_specs(job: RecipeJob) -> dict[str, dict[str, Any]]:
 
 
 def run_arm(
-    job: RecipeJob, finding: study.Finding, arm: study.Arm, config: Any, seeds: Any, args: Any
+    job: RecipeJob,
+    finding: study.Finding,
+    arm: study.Arm,
+    config: Any,
+    seeds: Any,
+    args: Any,
+    max_turn_tokens: int,
 ) -> Any:
     from ray import tune
 
-    job.say(f"{finding.key}: arm {arm.name!r} ({arm.algorithm})")
+    job.say(f"{finding.key}: arm {arm.name!r} ({arm.algorithm}, {max_turn_tokens} tokens a turn)")
     return fit_or_restore(
         study.trainable(arm),
         config.debugging(seed=tune.grid_search(list(seeds))),
         storage=job.out / "tune",
-        name=study.experiment_name(finding, arm),
+        name=study.experiment_name(finding, arm, max_turn_tokens),
         iterations=job.iterations,
         fresh=args.fresh,
         max_concurrent=args.max_concurrent,
@@ -261,26 +268,26 @@ def arms_run(analysis: dict[str, Any] | None) -> int:
 
 
 def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
-    """The report from every arm's experiment found under ``out``/tune, and from the findings an earlier
-    run wrote to ``json_path`` with the same settings that have no results under ``out``."""
+    """The report from every arm's experiment found under ``out``/tune at the run's turn budgets, and from
+    the findings an earlier run wrote to ``json_path`` with the same settings that have no results under
+    ``out``."""
     run_file = out / "run.json"
     if run_file.exists():
         run = json.loads(run_file.read_text())
     else:  # nothing ran here yet: rewrite what the earlier run wrote
         run = json.loads(json_path.read_text()).get("run", {}) if json_path.exists() else {}
     results = carried_over(json_path, run) if run else {}
+    budgets = run.get("max_turn_tokens", study.EARLIER_TURN_BUDGETS)
     for finding in study.FINDINGS:
+        budget = budgets[finding.base]
         trials = {}
         for arm in finding.arms:
-            grid = restored_results(study.trainable(arm), out / "tune" / study.experiment_name(finding, arm))
+            experiment = out / "tune" / study.experiment_name(finding, arm, budget)
+            grid = restored_results(study.trainable(arm), experiment)
             if grid is not None:
                 trials[arm.name] = [study.trial_record(result) for result in grid]
         if trials and len(trials) >= arms_run(results.get(finding.key)):
-            budgets = run.get("max_turn_tokens", study.EARLIER_TURN_BUDGETS)
-            results[finding.key] = {
-                **study.analyse(finding, trials),
-                "max_turn_tokens": budgets[finding.base],
-            }
+            results[finding.key] = {**study.analyse(finding, trials), "max_turn_tokens": budget}
     study.report(run, results, markdown, json_path)
     say(f"wrote {markdown} and {json_path}")
 
