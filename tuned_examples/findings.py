@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hops", type=ints, default=(1, 2), help="hop counts evaluated (default 1,2)")
     parser.add_argument("--warm-start-steps", type=int, help="SFT steps of the shared warm start (default 8)")
     parser.add_argument("--weak-warm-start-steps", type=int, help="the λ_f finding's (default 3)")
-    parser.add_argument("--max-concurrent", type=int, help="trials at once (default: as resources allow)")
+    parser.add_argument(  # Tune schedules by CPUs: on a machine with more cores than RAM for them, cap it
+        "--max-concurrent",
+        type=int,
+        help="trials at once (default: one a CPU; a SmolLM2 trial holds 6-7 GB, so 24 GB fit two)",
+    )
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report from --out")
     parser.add_argument("--markdown", help="report path (default docs/findings.md; smoke: --out)")
