@@ -21,10 +21,10 @@ file (``--json``, committed) with the same run settings and at its base recipe's
 run again, and the report merges it with what ran here (with nothing left to run, no Ray is started); one
 measured at another turn budget is trained again. An arm's Tune experiment is named with its turn budget
 (``masking__masking_on__64_tokens``), so one trained at another budget is neither resumed nor reported
-as this one. It writes ``docs/findings.md`` (one
-table: each arm's held-out EM with its 95% interval, the paper's direction and whether it reproduced here;
-learning-curve PNGs under ``docs/findings/``) and ``benchmarks/results/findings.json``, from every arm's
-results found under ``--out`` ("not yet run" for the rest); ``--smoke`` writes them under ``--out`` instead.
+as this one. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval, the
+paper's direction and whether it reproduced here; learning-curve PNGs under ``docs/findings/``) and
+``benchmarks/results/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
+the rest); ``--smoke`` writes them under ``--out`` instead.
 
     python tuned_examples/findings.py                       # the whole study: 6 findings, 3 seeds, SmolLM2
     python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10

@@ -113,15 +113,14 @@ FINDINGS: tuple[Finding, ...] = (
         ),
         reason=(
             "in 10 updates of 8 episodes from a warm start that already answers 1-hop questions, the "
-            "training answer reward does not rise in either arm and no arm answers a 2-hop question; seed 1 "
-            "collapses in both (masking off: held-out EM 0.02 with 1.9 searches an episode; on: 0.00, its "
-            "sampled format reward 0 from iteration 8, its episodes running to the turn limit on invalid "
-            "actions), and "
-            "seeds 0 and 2 end a few answers apart either way (off 0.43, 0.42; on 0.35, 0.46). What does "
-            "show the paper's mechanism is the drift: with masking off the loss also fits the passages' "
-            "tokens, and the KL to the warm start reached 0.44-0.64 in every seed, against 0.04-0.48 with "
-            "masking on; Search-R1's gain in EM comes from ~1000 steps of a 3B model, where that drift "
-            "costs answers"
+            "training answer reward does not rise in either arm and no arm answers a 2-hop question; seed "
+            "1 collapses in both (masking off: held-out EM 0.02 with 1.9 searches an episode; on: 0.00, "
+            "its sampled format reward 0 from iteration 8, its episodes running to the turn limit on "
+            "invalid actions), and seeds 0 and 2 end a few answers apart either way (off 0.43, 0.42; on "
+            "0.35, 0.46). What does show the paper's mechanism is the drift: with masking off the loss "
+            "also fits the passages' tokens, and the KL to the warm start reached 0.44-0.64 in every seed, "
+            "against 0.04-0.48 with masking on; Search-R1's gain in EM comes from ~1000 steps of a 3B "
+            "model, where that drift costs answers"
         ),
     ),
     Finding(
