@@ -116,6 +116,13 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert "![Retrieved-token masking](findings/masking.png)" in table
     assert table.count("1-hop ") >= 2 and table.count("2-hop ") >= 2  # each arm's EM per hop count
     assert (out / "findings" / "masking.png").stat().st_size > 0
+    # Search-R1's format check per iteration: a share of the iteration's episodes, plotted beside the EM.
+    for figures_of_arm in masking["arms"].values():
+        for seed_curve in figures_of_arm["format_curves"].values():
+            assert len(seed_curve) == figures_of_arm["iterations"]
+            assert all(0.0 <= share <= 1.0 for share in seed_curve)
+    assert "![Retrieved-token masking: well-formed](findings/masking_format.png)" in table
+    assert (out / "findings" / "masking_format.png").stat().st_size > 0
 
     # Run again (reporting elsewhere, so the first report carries nothing over): the warm start and both
     # arms' Tune experiments are restored, not retrained.
