@@ -203,15 +203,18 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "one dense seed of three makes the gap: seeds 0 and 2 (held-out EM 0.34, 0.40) match BM25's "
-            "(0.32, 0.38, 0.39), while seed 1 started searching twice (1.9 searches an episode at "
-            "iterations 3-4), its valid-action rate fell from 1.0 to 0.33 and its format reward to 0, and "
-            "it ended at EM 0 though its searches still found the gold passage; three seeds cannot say "
-            "whether dense retrieval makes that collapse likelier. MiniLM does retrieve a little worse "
-            "here: with the teacher's queries on the 50 held-out 1-hop questions it ranks the gold passage "
-            "first for 0.92 of them (0.96 in the top 2), BM25 for all, because the synthetic questions "
-            "name their entities verbatim, which favours exact lexical match; the papers' Wikipedia "
-            "questions paraphrase their passages"
+            "each arm lost one seed of three to a format collapse, a different seed in each, so three "
+            "seeds cannot tie it to the retriever: BM25's seed 1 (its share of well-formed training "
+            "trajectories 0 over iterations 8-10, held-out format validity 0.01, EM 0) and dense's seed 2 "
+            "(valid-action rate 0.12-0.43 from iteration 8, held-out format validity 0, EM 0); the other "
+            "seeds end level (BM25 0.35, 0.46; "
+            "dense 0.37, 0.37). At 48 tokens it was dense's seed 1 that collapsed. The BM25 arm is the "
+            "masking finding's masking-on arm with its index read in-process instead of served, and it "
+            "ended with the same per-seed EM (0.35, 0.00, 0.46). MiniLM does retrieve a little worse here: "
+            "with the teacher's queries on the 50 held-out 1-hop questions it ranks the gold passage first "
+            "for 0.92 of them (0.96 in the top 2), BM25 for all, because the synthetic questions name their "
+            "entities verbatim, which favours exact lexical match; the papers' Wikipedia questions "
+            "paraphrase their passages"
         ),
     ),
     Finding(
