@@ -597,23 +597,14 @@ def report(
         if analysis is not None and analysis["status"] != "not yet run":
             figures.mkdir(parents=True, exist_ok=True)
             png = figures / f"{finding.key}.png"
-            curves = {
-                name: list(figures_of_arm["curves"].values())
-                for name, figures_of_arm in analysis["arms"].items()
-                if figures_of_arm["status"] == "run"
-            }
             plot_mean_curves(
-                curves,
+                _seed_curves(analysis, "curves"),
                 png,
                 title=f"{finding.title}: training answer reward",
                 ylabel="answer reward (mean of seeds)",
             )
             curves_md.append(f"![{finding.title}](findings/{png.name})")
-            format_curves = {
-                name: list(figures_of_arm.get("format_curves", {}).values())
-                for name, figures_of_arm in analysis["arms"].items()
-                if figures_of_arm["status"] == "run"
-            }
+            format_curves = _seed_curves(analysis, "format_curves")
             if finding.base == "search_r1" and any(any(runs) for runs in format_curves.values()):
                 png = figures / f"{finding.key}_format.png"
                 plot_mean_curves(
@@ -641,6 +632,16 @@ def report(
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(document, indent=2) + "\n")
     return document
+
+
+def _seed_curves(analysis: dict[str, Any], field: str) -> dict[str, list[list[float]]]:
+    """Each run arm's per-seed curves of ``field`` (``curves`` or ``format_curves``; analyses carried over
+    from before a field existed have none)."""
+    return {
+        name: list(figures_of_arm.get(field, {}).values())
+        for name, figures_of_arm in analysis["arms"].items()
+        if figures_of_arm["status"] == "run"
+    }
 
 
 def _per_hop(scores: dict[str, Any]) -> str:
