@@ -41,7 +41,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--calibration-questions", "1"),
         *("--rl-read-forks", "--rl-recipe", "auto"),
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
-        *("--rl-dynamic-sampling", "2"),
+        *("--rl-dynamic-sampling", "2", "--rl-guidance"),
     ]
     argv = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
     argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--", *flags]
@@ -66,6 +66,10 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         assert 1 <= row["sample_rounds"] <= 2 and 0 <= row["informative_groups"] <= 2
         assert row["informative_groups"] == 2 or row["sample_rounds"] == 2
     assert "informative groups" in done.stdout
+    # --rl-guidance: the tiny model never answers right, so every sampled group of every round is guided.
+    for row in summary["grpo"]:
+        assert row["guided_groups"] == 2 * row["sample_rounds"] and 0 <= row["guided_solved"] <= 2
+    assert "guided groups" in done.stdout and summary["settings"]["rl_guidance"]
     # --rl-validate-at 1: readings after iterations 1 and 2 (the last), the kept one's weights evaluated.
     validation = summary["rl_validation"]
     assert [r["iteration"] for r in validation["readings"]] == [1, 2]

@@ -418,6 +418,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="GRPO: DAPO's dynamic sampling, at most this many sample rounds an iteration until it holds "
         "--prompts groups whose rewards differ; only those are trained (0: off, every group as sampled)",
     )
+    p.add_argument(
+        "--rl-guidance",
+        action="store_true",
+        help="GRPO: in each group where no sampled episode answered right, re-run its last episode with the "
+        "teacher writing the credited turns (its plan and first query) and the policy the rest: off-policy "
+        "guidance as in LUFFY (algos/guidance.py; docs/main_job.md, stop 62)",
+    )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument(
         "--eval-cache",
@@ -833,6 +840,10 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": prompts,
         "balance_hops": balance_hops,
     }
+    rl_guidance = None
+    if args.rl_guidance:  # the warm start's teacher, never hesitating: the plan that goes on to every hop
+        teacher = {"state_plan": args.state_plan, "lazy_plan": args.lazy_plan, "echo_plan": args.echo_plan}
+        rl_guidance = {"turns": args.rl_trained_turns or 1, "teacher": {**teacher, "seed": args.seed}}
     grpo_config = (
         base_config(
             SearchGRPOConfig, str(warm_dir), rl_questions, reward={"lambda_retrieval": args.lambda_retrieval}
@@ -844,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
             balance_by="num_hops" if balance_hops else None,
             execution_temperature=args.execution_temperature,
             dynamic_sampling_rounds=args.rl_dynamic_sampling,
+            guidance=rl_guidance,
         )
         .training(
             lr=args.rl_lr,
@@ -902,6 +914,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.rl_dynamic_sampling:
             row["sample_rounds"] = int(runners["sample_rounds"])
             row["informative_groups"] = int(runners["informative_groups"])
+        if args.rl_guidance:
+            row["guided_groups"] = int(runners["guided_groups"])
+            row["guided_solved"] = int(runners["guided_solved"])
         if args.rl_read_forks:
             row["forks"] = read_policy_forks()
         history.append(row)
@@ -913,6 +928,11 @@ def main(argv: list[str] | None = None) -> int:
             + (
                 f"  rounds {row['sample_rounds']} informative groups {row['informative_groups']}"
                 if args.rl_dynamic_sampling
+                else ""
+            )
+            + (
+                f"  guided groups {row['guided_groups']} ({row['guided_solved']} right)"
+                if args.rl_guidance
                 else ""
             )
             + (f"  {describe(row['forks'])}" if args.rl_read_forks else "")

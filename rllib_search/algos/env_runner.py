@@ -40,12 +40,14 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from rllib_search.algos.policies import EnginePolicy
+from rllib_search.algos.guidance import GuidedPolicy, answered_right, score_guided_tokens, unsolved_groups
+from rllib_search.algos.policies import EnginePolicy, ScriptedPolicy
 from rllib_search.algos.rollout import Rollout
 from rllib_search.algos.rollout_loop import roll_out
 from rllib_search.algos.shuffled_sampler import ShuffledSampler, StratifiedSampler
 from rllib_search.data.records import QARecord
 from rllib_search.env.search_env import JudgeReport, MultiTurnSearchEnv, SearchEnvConfig
+from rllib_search.env.teacher import TeacherPolicy
 from rllib_search.llm.engines import Engine, SamplingParams
 from rllib_search.serve.client import build_retriever
 from rllib_search.serve.judge_client import build_judge, check_judge_family
@@ -215,8 +217,42 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         rollouts, generated, generate_seconds, judged = self._roll_out(
             episodes, self.sampling, seeded=True, later_turns=later
         )
-        self._sample_calls += 1
         self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started, judged)
+        if self.config.guidance is not None:
+            rollouts = self._guide_unsolved_groups(episodes, rollouts, later)
+        self._sample_calls += 1
+        return rollouts
+
+    def _guide_unsolved_groups(
+        self,
+        episodes: Sequence[tuple[QARecord, str]],
+        rollouts: list[Rollout],
+        later_turns: tuple[int, float] | None,
+    ) -> list[Rollout]:
+        """``rollouts(guidance=...)`` (``algos/guidance.py``): the last episode of each group in which no
+        episode answered right, run again with the teacher writing its first turns."""
+        group_size = int(self.config.group_size)
+        starts = unsolved_groups([record for record, _ in episodes], rollouts, group_size)
+        guided: list[Rollout] = []
+        if starts:
+            settings = dict(self.config.guidance)
+            protocol = self.new_env().protocol
+            turn_seed = self._turn_seed if self.config.seed is not None else None
+            teacher = TeacherPolicy(protocol, **settings.get("teacher", {}))
+            policy = GuidedPolicy(
+                ScriptedPolicy("teacher", protocol, self.tokenizer, teacher=teacher),
+                EnginePolicy(self.engine, self.sampling, turn_seed, later_turns),
+                int(settings.get("turns", 1)),
+            )
+            guided = self._roll_out(
+                [episodes[start] for start in starts], self.sampling, True, policy=policy
+            )[0]
+            if self.module is not None and self.config.old_logprobs == "sampler":
+                guided = [score_guided_tokens(self.module, rollout) for rollout in guided]
+            for start, rollout in zip(starts, guided):
+                rollouts[start + group_size - 1] = rollout
+        self.metrics.log_value("guided_groups", len(guided), reduce="sum")
+        self.metrics.log_value("guided_solved", sum(answered_right(r) for r in guided), reduce="sum")
         return rollouts
 
     def rollout_records(self, records: Sequence[QARecord], temperature: float = 0.0) -> list[Rollout]:
@@ -232,15 +268,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         sampling: SamplingParams,
         seeded: bool,
         later_turns: tuple[int, float] | None = None,
+        policy: Any = None,
     ) -> tuple[list[Rollout], float, float, JudgeReport]:
         """Advance one env per (record, group id) turn by turn until all finish, then score them all (one
         judge call); returns the rollouts in order, the number of generated tokens, the seconds spent
-        generating and what was asked of the judge. ``later_turns``: see ``EnginePolicy``."""
+        generating and what was asked of the judge. ``later_turns``: see ``EnginePolicy``; ``policy``
+        (default: the engine's at ``sampling``) writes the segments."""
         while len(self.envs) < len(episodes):
             self.envs.append(self.new_env())
         envs = self.envs[: len(episodes)]
         turn_seed = self._turn_seed if seeded and self.config.seed is not None else None
-        policy = EnginePolicy(self.engine, sampling, turn_seed, later_turns)
+        if policy is None:
+            policy = EnginePolicy(self.engine, sampling, turn_seed, later_turns)
         ends = roll_out(envs, [record for record, _ in episodes], policy, self.retriever)
         rollouts = [
             Rollout.from_env(env, group_id, self.weights_version, terminated, truncated)
