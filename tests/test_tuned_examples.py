@@ -252,6 +252,8 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert not defaults.rl_read_forks and defaults.calibration_turns == 1  # the plan's turn alone
     assert defaults.calibration_questions == 6 and defaults.calibration_second_turn == "all"
     assert not defaults.bf16  # fp32: bf16 pays only on CPUs with AVX512-BF16 or AMX (stops 50-51)
+    # Off-policy guidance of groups with no right answer (stop 62); --no-rl-guidance turns it off.
+    assert defaults.rl_guidance and not job.parse_args(["--no-rl-guidance"]).rl_guidance
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
     assert defaults.topk == 2  # passages an observation shows
