@@ -75,12 +75,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.env_config = SearchEnvConfig.from_dict(env_config)
         self.envs: list[MultiTurnSearchEnv] = []
         self.engine = self._make_engine()
-        protocol = self.new_env().protocol
+        self.protocol = self.new_env().protocol
         self.sampling = SamplingParams(
             temperature=float(self.config.temperature),
             top_p=float(self.config.top_p),
             max_new_tokens=int(self.config.max_turn_tokens),
-            stop=protocol.stop_strings,
+            stop=self.protocol.stop_strings,
         )
         self.weights_version = 0
         seed = self.config.seed if self.config.seed is not None else 0
@@ -236,11 +236,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         guided: list[Rollout] = []
         if starts:
             settings = dict(self.config.guidance)
-            protocol = self.new_env().protocol
             turn_seed = self._turn_seed if self.config.seed is not None else None
-            teacher = TeacherPolicy(protocol, **settings.get("teacher", {}))
+            teacher = TeacherPolicy(self.protocol, **settings.get("teacher", {}))
             policy = GuidedPolicy(
-                ScriptedPolicy("teacher", protocol, self.tokenizer, teacher=teacher),
+                ScriptedPolicy("teacher", self.protocol, self.tokenizer, teacher=teacher),
                 EnginePolicy(self.engine, self.sampling, turn_seed, later_turns),
                 int(settings.get("turns", 1)),
             )
