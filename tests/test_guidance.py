@@ -34,6 +34,8 @@ def test_guidance_config_is_checked(model_dir, world, corpus):
         ({"turn": 1}, "dict with 'turns' and 'teacher'"),
         ({"turns": 0}, "at least 1"),
         ({"teacher": "state_plan"}, "keyword arguments"),
+        ({"teacher": {"plan": True}}, "unexpected keyword argument 'plan'"),
+        ({"teacher": {"lazy_plan": True}}, "needs state_plan=True"),
     ]:
         with pytest.raises(ValueError, match=message):
             config.copy(copy_frozen=False).rollouts(guidance=bad).validate()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rllib_search.llm.models import cpu_has_native_bf16
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -251,7 +252,9 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert defaults.rl_recipe == "balanced" and defaults.fork_calibration and defaults.rl_iterations == 8
     assert not defaults.rl_read_forks and defaults.calibration_turns == 1  # the plan's turn alone
     assert defaults.calibration_questions == 6 and defaults.calibration_second_turn == "all"
-    assert not defaults.bf16  # fp32: bf16 pays only on CPUs with AVX512-BF16 or AMX (stops 50-51)
+    # bf16 where the CPU has AVX512-BF16 or AMX (0.7x the time, stop 63), fp32 where it is emulated.
+    assert defaults.bf16 == cpu_has_native_bf16()
+    assert job.parse_args(["--bf16"]).bf16 and not job.parse_args(["--no-bf16"]).bf16
     # Off-policy guidance of groups with no right answer (stop 62); --no-rl-guidance turns it off.
     assert defaults.rl_guidance and not job.parse_args(["--no-rl-guidance"]).rl_guidance
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.

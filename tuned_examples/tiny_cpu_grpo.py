@@ -471,15 +471,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=None,
         help="the engine generates with bf16 weights and the learners train under bf16 autocast over their "
-        "fp32 master weights, as on a GPU. Only for a CPU with AVX512-BF16 or AMX (there a run took 464 s "
-        "against 840 s, docs/main_job.md stop 50); elsewhere bf16 is emulated and runs slower (2-10x)",
+        "fp32 master weights, as on a GPU. The default: on where the CPU has AVX512-BF16 or AMX (there a "
+        "run takes about 0.7x the time of fp32, docs/main_job.md stops 50 and 63), off elsewhere, where "
+        "bf16 is emulated and runs slower (2-10x); --bf16 / --no-bf16 choose",
     )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port of the local Ray (default: random)")
     args = p.parse_args(argv)
+    if args.bf16 is None:  # the default: bf16 where this CPU multiplies it natively
+        from rllib_search.llm.models import cpu_has_native_bf16
+
+        args.bf16 = cpu_has_native_bf16()
     args.rl_trained_turns = args.rl_trained_turns or None  # 0: every turn
     args.rl_read_forks = args.rl_read_forks or args.rl_stop_on_fork_rise is not None
     if args.smoke:
@@ -587,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
         say(
             "--bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated here, expect a slower run than fp32"
         )
+    if args.bf16:
+        say(
+            "precision: bf16 (the engine's weights; the learners under autocast over fp32 weights; --no-bf16)"
+        )
+    else:
+        say("precision: fp32 (--bf16 for bf16, the default where the CPU has AVX512-BF16 or AMX)")
     for line in connect(num_cpus=2, metrics_port=args.metrics_port):
         say(line)
     retriever_spec, started_retriever = embedded.serve_retriever(world.index)

@@ -16,7 +16,9 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_search.algos.lr_warmup import LearningRateWarmup
-from rllib_search.env.search_env import ENV_ID
+from rllib_search.env.protocols import get_protocol
+from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
+from rllib_search.env.teacher import TeacherPolicy
 
 ENGINES = ("hf", "vllm")
 ENGINE_DTYPES = (None, "float32", "bfloat16", "float16")
@@ -394,8 +396,14 @@ class SearchConfig(AlgorithmConfig):
             )
         if int(self.guidance.get("turns", 1)) < 1:
             raise ValueError(f"guidance turns must be at least 1, got {self.guidance['turns']}")
-        if not isinstance(self.guidance.get("teacher", {}), dict):
+        teacher = self.guidance.get("teacher", {})
+        if not isinstance(teacher, dict):
             raise ValueError("guidance teacher must be a dict of TeacherPolicy keyword arguments")
+        protocol = dict(self.env_config or {}).get("protocol", SearchEnvConfig.protocol)
+        try:  # the runner builds this teacher when a group needs it: a bad argument fails here, at once
+            TeacherPolicy(get_protocol(protocol), **teacher)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"guidance teacher {teacher!r}: {error}") from None
         if int(self.group_size) < 2:
             raise ValueError("rollouts(guidance=...) replaces one episode of a group: group_size >= 2")
         if self.engine == "vllm" and self.old_logprobs == "sampler":
