@@ -35,6 +35,13 @@ def test_a_port_in_use_is_not_free_and_is_skipped():
         assert free_port(random.Random(0)) != taken
 
 
+def test_an_excluded_port_is_skipped_though_free():
+    """Two servers handed ports before either binds must not get the same one."""
+    first = free_port(random.Random(0))
+    assert is_free(first)  # nobody bound it: only ``exclude`` keeps the same draw from returning it
+    assert free_port(random.Random(0), exclude=[first]) != first
+
+
 def test_ephemeral_range_reads_the_kernel_file_and_falls_back(tmp_path):
     kernel_file = tmp_path / "ip_local_port_range"
     kernel_file.write_text("40000\t50000\n")

@@ -204,13 +204,12 @@ def test_serve_config_yaml_builds_the_app(index_dir):
 INGRESSES = {"proxy actor": [], "HAProxy": ["--high-throughput"]}
 
 
-def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str]):
-    """``rllib-search serve retriever`` on its own local Ray (two replicas) in a subprocess; returns the
-    process and its port."""
+def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str], port: int):
+    """``rllib-search serve retriever`` on its own local Ray (two replicas) in a subprocess, on ``port``;
+    returns the process and its port."""
     import subprocess
     import sys
 
-    port = free_port()
     command = [sys.executable, "-m", "rllib_search.cli", "serve", "retriever", "--index", str(index_dir)]
     command += ["--port", str(port), "--address", "local", "--num-cpus", "0.5"]
     command += ["--min-replicas", "2", "--max-replicas", "2", "--duration-s", "600", *extra]
@@ -261,9 +260,13 @@ def test_serve_retriever_command(index_dir, tmp_path):
     """`rllib-search serve retriever` twice, side by side (each on its own local Ray, to halve the suite's
     wait for Ray to start): through Serve's proxy actor, and through HAProxy straight to the replicas
     (``--high-throughput``). Each answers on 127.0.0.1 and survives a replica killed mid-run."""
+    ports: list[int] = []
+    for _ in INGRESSES:  # distinct: neither server has bound its port when the other's is drawn
+        ports.append(free_port(exclude=ports))
+    logs = [tmp_path / f"{i}.log" for i in range(len(INGRESSES))]
     started = {
-        ingress: (*start_serve_retriever(index_dir, tmp_path / f"{i}.log", extra), tmp_path / f"{i}.log")
-        for i, (ingress, extra) in enumerate(INGRESSES.items())
+        ingress: (*start_serve_retriever(index_dir, log, extra, port), log)
+        for (ingress, extra), port, log in zip(INGRESSES.items(), ports, logs, strict=True)
     }
     try:
         for ingress, (process, port, log_path) in started.items():

@@ -1,6 +1,6 @@
 """End to end on 2 CPU cores: warm-start SmolLM2-135M-Instruct on teacher trajectories, then GRPO.
 
-    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (12-15 min; ~40 on an AVX2 EPYC)
+    python tuned_examples/tiny_cpu_grpo.py            # the README's main job (10-15 min; ~40 on an AVX2 EPYC)
     python tuned_examples/tiny_cpu_grpo.py --smoke    # every stage at the smallest size (minutes)
     python tuned_examples/tiny_cpu_grpo.py --help     # every knob
     python tuned_examples/tiny_cpu_grpo.py --warm-start runs/tiny_cpu_grpo/warm_start_model  # GRPO only
@@ -58,6 +58,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    two such episodes in the first two iterations were enough, after which they sampled right 2-hop answers
    themselves; seed 17 needed the guide in four iterations. With it seeds 0, 1, 16 and 17 meet the goal
    (+0.36, +0.66, +0.54, +0.22; without it only seed 0 did, stops 59 and 62 of ``docs/main_job.md``).
+   **Precision**: bf16 where the CPU has bf16 units (AVX512-BF16 or AMX; ``--no-bf16`` for fp32), fp32
+   elsewhere. On the AVX-512 EPYC of stops 59-63 a run then took 587-730 s (fp32: 872-994 s) and met the
+   goal on seeds 0, 1, 16, 17 and 23, not 13, 15 or 21 (stop 63).
    Measured on 2 cores, full runs, against the goal (2-hop +0.2 with its interval above 0, 1-hop not
    lower beyond its interval): seeds 0, 13, 14, 18-20 and 22 meet it, 15, 16, 17, 21 and 23
    do not (``docs/main_job.md``, stops 44-46). Seed 0: 2-hop 0.08 ->

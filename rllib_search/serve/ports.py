@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 # Ray's own named ports sit below LOWEST_PORT (GCS 6379, dashboard 8265, client 10001, workers
@@ -42,17 +43,21 @@ def is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(rng: random.Random | None = None) -> int:
+def free_port(rng: random.Random | None = None, exclude: Collection[int] = ()) -> int:
     """A TCP port free on 127.0.0.1 now, in 20000-29999 (below the ephemeral range, clear of Ray's ports)
     so that no implicit bind takes it before the caller binds it. Falls back to a kernel-chosen port if
-    the ephemeral range leaves no room there or nothing there is free."""
+    the ephemeral range leaves no room there or nothing there is free. ``exclude``: ports already handed
+    to servers that have not bound them yet (free now, taken soon: CI once gave two servers one port)."""
     rng = rng or random.SystemRandom()  # two pytest-xdist workers must not draw the same sequence
     high = min(HIGHEST_PORT, ephemeral_range()[0])
     if high - LOWEST_PORT >= 1000:
         for _ in range(TRIES):
             port = rng.randrange(LOWEST_PORT, high)
-            if is_free(port):
+            if port not in exclude and is_free(port):
                 return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in exclude:
+            return port
