@@ -61,9 +61,9 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    **Precision**: bf16 where the CPU has bf16 units (AVX512-BF16 or AMX; ``--no-bf16`` for fp32), fp32
    elsewhere. On the AVX-512 EPYC of stops 59-63 a run then took 587-730 s (fp32: 872-994 s) and met the
    goal on seeds 0, 1, 16, 17 and 23, not 13, 15 or 21 (stop 63).
-   Measured on 2 cores, full runs, against the goal (2-hop +0.2 with its interval above 0, 1-hop not
-   lower beyond its interval): seeds 0, 13, 14, 18-20 and 22 meet it, 15, 16, 17, 21 and 23
-   do not (``docs/main_job.md``, stops 44-46). Seed 0: 2-hop 0.08 ->
+   Before guidance (fp32, 48-token turns), full runs against the goal (2-hop +0.2 with its interval above
+   0, 1-hop not lower beyond its interval): seeds 0, 13, 14, 18-20 and 22 met it, 15, 16, 17, 21 and 23
+   did not (``docs/main_job.md``, stops 44-46). Seed 0: 2-hop 0.08 ->
    0.36 (+0.28 [0.16, 0.40], iteration 4 kept), 1-hop 0.92 -> 0.92 (0.00 [0.00, 0.00]); 849 s on a fresh
    machine. ``--sft-fork-window`` (off) stops SFT where the forks lie in the window instead;
    ``--rl-read-forks`` reads the policy's forks after each GRPO iteration. Every recipe tried, with its
