@@ -60,7 +60,7 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    (+0.36, +0.66, +0.54, +0.22; without it only seed 0 did, stops 59 and 62 of ``docs/main_job.md``).
    **Precision**: bf16 where the CPU has bf16 units (AVX512-BF16 or AMX; ``--no-bf16`` for fp32), fp32
    elsewhere. On the AVX-512 EPYC of stops 59-63 a run then took 587-730 s (fp32: 872-994 s) and met the
-   goal on seeds 0, 1, 16, 17 and 23, not 13, 15 or 21 (stop 63).
+   goal on seeds 0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63).
    Before guidance (fp32, 48-token turns), full runs against the goal (2-hop +0.2 with its interval above
    0, 1-hop not lower beyond its interval): seeds 0, 13, 14, 18-20 and 22 met it, 15, 16, 17, 21 and 23
    did not (``docs/main_job.md``, stops 44-46). Seed 0: 2-hop 0.08 ->
