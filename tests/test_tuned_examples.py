@@ -250,7 +250,7 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     # The default (stop 44): fork calibration after SFT, then 8 iterations of the balanced recipe.
     defaults = job.parse_args([])
     assert defaults.rl_recipe == "balanced" and defaults.fork_calibration and defaults.rl_iterations == 8
-    assert not defaults.rl_read_forks and defaults.calibration_turns == 1  # the plan's turn alone
+    assert not defaults.rl_read_forks and defaults.calibration_turns == 2  # and the turn after (stop 64)
     assert defaults.calibration_questions == 6 and defaults.calibration_second_turn == "all"
     # bf16 where the CPU has AVX512-BF16 or AMX (0.7x the time, stop 63), fp32 where it is emulated.
     assert defaults.bf16 == cpu_has_native_bf16()

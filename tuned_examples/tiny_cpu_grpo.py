@@ -26,11 +26,12 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    (``--fork-calibration``, on by default, ``algos/fork_calibration.py``) then trains on the teacher's
    first turns with P(" its") as a soft target (0.3), without momentum, until the forks read on 30 + 30
    training questions used nowhere else lie in the window that leaves RL a second search to lift (at most
-   8 steps, about 15 s each). ``--calibration-turns 2`` (off) also trains each demonstration's turn after
-   the first search, the token after its restated plan weighted as a fork (" Next" and a second search,
-   or the thought closed and the answer), at about 25 s a step. ``--calibration-close W`` (0, off) also
-   weights the "," that closes a going-on plan's second clause with ", then answer": a sampled plan that
-   ends at ", then its country." is answered after one search.
+   8 steps). It also trains each demonstration's turn after the first search (``--calibration-turns 2``,
+   the default since stop 64; ``1`` for the plan's turn alone), the token after its restated plan
+   weighted as a fork (" Next" and a second search, or the thought closed and the answer), so the greedy
+   agent follows a plan that goes on: 21-27 s a step in bf16 (14-18 s with the plan's turn alone).
+   ``--calibration-close W`` (0, off) also weights the "," that closes a going-on plan's second clause
+   with ", then answer": a sampled plan that ends at ", then its country." is answered after one search.
 4. **GRPO** (:class:`SearchGRPOConfig`) from the warm-started export on training questions that were
    never demonstrated; a line per iteration (reward, EM, searches, tokens/s). It credits only each
    episode's first turn (``--rl-trained-turns 1``): the plan and the first query, so whether the plan goes
@@ -59,8 +60,11 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    themselves; seed 17 needed the guide in four iterations. With it seeds 0, 1, 16 and 17 meet the goal
    (+0.36, +0.66, +0.54, +0.22; without it only seed 0 did, stops 59 and 62 of ``docs/main_job.md``).
    **Precision**: bf16 where the CPU has bf16 units (AVX512-BF16 or AMX; ``--no-bf16`` for fp32), fp32
-   elsewhere. On the AVX-512 EPYC of stops 59-63 a run then took 587-730 s (fp32: 872-994 s) and met the
-   goal on seeds 0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63).
+   elsewhere. On the AVX-512 EPYC of stops 59-64 a run then took 587-730 s (fp32: 872-994 s) and met the
+   goal on seeds 0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63); with the turn after the first
+   search calibrated too (stop 64's default) on 8 of the 9 (13, 15 and 21 included; seed 14 lost 0.30
+   on 1-hop) in 651-859 s a run with the base model's evaluation cached (a fresh machine's about 70 s
+   more: seeds calibrated in all 8 steps come to 880-930 s there).
    Before guidance (fp32, 48-token turns), full runs against the goal (2-hop +0.2 with its interval above
    0, 1-hop not lower beyond its interval): seeds 0, 13, 14, 18-20 and 22 met it, 15, 16, 17, 21 and 23
    did not (``docs/main_job.md``, stops 44-46). Seed 0: 2-hop 0.08 ->
@@ -252,9 +256,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--calibration-turns",
         type=int,
         choices=(1, 2),
-        default=1,
-        help="the teacher's turns each calibration demonstration keeps: 1, the plan's turn; 2, also the "
-        "turn after the first search, which follows the plan (a second search or the answer)",
+        default=2,
+        help="the teacher's turns each calibration demonstration keeps: 1, the plan's turn; 2 (the default "
+        "since stop 64 of docs/main_job.md), also the turn after the first search, which follows the plan "
+        "(a second search or the answer)",
     )
     p.add_argument(
         "--calibration-second-turn",

@@ -46,6 +46,7 @@ from rllib_search.algos.rollout import Rollout
 from rllib_search.algos.rollout_loop import roll_out
 from rllib_search.algos.shuffled_sampler import ShuffledSampler, StratifiedSampler
 from rllib_search.data.records import QARecord
+from rllib_search.env.protocols import get_protocol
 from rllib_search.env.search_env import JudgeReport, MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.env.teacher import TeacherPolicy
 from rllib_search.llm.engines import Engine, SamplingParams
@@ -75,7 +76,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.env_config = SearchEnvConfig.from_dict(env_config)
         self.envs: list[MultiTurnSearchEnv] = []
         self.engine = self._make_engine()
-        self.protocol = self.new_env().protocol
+        self.protocol = get_protocol(self.env_config.protocol)
         self.sampling = SamplingParams(
             temperature=float(self.config.temperature),
             top_p=float(self.config.top_p),
