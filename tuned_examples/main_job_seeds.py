@@ -16,7 +16,8 @@ flags is read back, not run again, so the sweep resumes; other flags run it agai
 
     python tuned_examples/main_job_seeds.py --seeds 0,13-23 --out runs/main_job_seeds [-- MAIN-JOB FLAGS]
 
-for example ``-- --calibration-turns 2`` to measure that option on the twelve seeds of docs/main_job.md.
+for example ``-- --calibration-turns 1`` to measure stop 63's calibration (the plan's turn alone) over
+the seeds of docs/main_job.md.
 """
 
 from __future__ import annotations
