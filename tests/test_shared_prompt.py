@@ -1,6 +1,5 @@
 """Shared-prompt forward: the same log-probs, values and gradients as the plain forward, with each
-distinct prompt (or the rows' common prefix) read once; grouping by token ids; the cheaper plan; where it
-does not apply; bucketed micro-batches."""
+distinct prompt read once; grouping by token ids; where it does not apply; bucketed micro-batches."""
 
 from __future__ import annotations
 
@@ -15,13 +14,7 @@ from benchmarks.learner_bench import search_batch
 from rllib_search.algos.batching import bucket_order, micro_batches
 from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.algos.rl_module import LLMRLModule
-from rllib_search.algos.shared_prompt import (
-    common_prefix_group,
-    computed_positions,
-    group_prompts,
-    plan_sharing,
-    supports,
-)
+from rllib_search.algos.shared_prompt import computed_positions, group_prompts, supports
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 
@@ -50,23 +43,6 @@ def grouped_rows(seed: int = 0) -> dict[str, torch.Tensor]:
             length = int(torch.randint(0, 7, (1,), generator=generator)) if k else 0
             rows.append(prompt + torch.randint(3, 400, (length,), generator=generator).tolist())
             prompt_lengths.append(len(prompt))
-    return _padded(rows, prompt_lengths)
-
-
-def prefixed_rows(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Four rows of distinct prompts (an instruction of 7 tokens, then a question of 3 to 5) and
-    continuations of 2 to 8 tokens, as SFT's demonstrations of four questions: no two share a prompt."""
-    generator = torch.Generator().manual_seed(seed)
-    instruction = torch.randint(3, 400, (7,), generator=generator).tolist()
-    rows, prompt_lengths = [], []
-    for question_length, continuation_length in ((3, 8), (5, 2), (4, 6), (3, 5)):
-        prompt = instruction + torch.randint(3, 400, (question_length,), generator=generator).tolist()
-        rows.append(prompt + torch.randint(3, 400, (continuation_length,), generator=generator).tolist())
-        prompt_lengths.append(len(prompt))
-    return _padded(rows, prompt_lengths)
-
-
-def _padded(rows: list[list[int]], prompt_lengths: list[int]) -> dict[str, torch.Tensor]:
     width = max(map(len, rows))
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -99,20 +75,11 @@ def forward_and_grads(module: LLMRLModule, batch: dict[str, torch.Tensor]):
     return out, grads, sum(processed)
 
 
-@pytest.mark.parametrize(
-    ("kind", "rows"),
-    [
-        ("full", "grouped"),
-        ("lora", "grouped"),
-        ("value_head", "grouped"),
-        ("full", "prefixed"),
-        ("lora", "prefixed"),
-    ],
-)
-def test_shared_prompts_give_the_plain_forwards_outputs_and_gradients(model_dir, kind, rows):
+@pytest.mark.parametrize("kind", ["full", "lora", "value_head"])
+def test_shared_prompts_give_the_plain_forwards_outputs_and_gradients(model_dir, kind):
     config = {"lora": {"r": 4, "alpha": 8}} if kind == "lora" else {}
     config |= {"value_head": True} if kind == "value_head" else {}
-    batch = grouped_rows() if rows == "grouped" else prefixed_rows()
+    batch = grouped_rows()
     results = []
     for share in (False, True):
         module = build(model_dir, share_prompts=share, **config)
@@ -135,10 +102,8 @@ def test_shared_prompts_give_the_plain_forwards_outputs_and_gradients(model_dir,
         assert grad.abs().max() > 0, name
         scale = float(grad.abs().max())  # float32 sums in another order: within 1e-6 of the largest entry
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-6 * scale, rtol=1e-4, msg=name)
-    if rows == "grouped":  # 6 rows of width 15 read plainly; shared: 2 prompts of 9, 6 continuations of 6
-        assert plain_tokens == 6 * 15 and shared_tokens == 2 * 9 + 6 * 6
-    else:  # 4 rows of width 18 read plainly; shared: the 7-token instruction once, 4 rests of width 11
-        assert plain_tokens == 4 * 18 and shared_tokens == 7 + 4 * 11
+    # 6 rows of width 15 read plainly; shared: 2 prompts of width 9, then 6 continuations of width 6.
+    assert plain_tokens == 6 * 15 and shared_tokens == 2 * 9 + 6 * 6
 
 
 def test_prompts_are_grouped_by_their_token_ids():
@@ -149,28 +114,6 @@ def test_prompts_are_grouped_by_their_token_ids():
     assert groups.prompt_rows.tolist() == [0, 2, 3]
     assert groups.shares
     assert not group_prompts(ids[1:3], np.array([3, 3])).shares
-
-
-def test_the_cheaper_sharing_plan_is_chosen():
-    # GRPO's groups: each group's whole prompt once beats the instruction alone once.
-    grouped = grouped_rows()
-    lengths = grouped["attention_mask"].sum(-1).numpy()
-    plan = plan_sharing(grouped["input_ids"].numpy(), lengths, grouped["prompt_lengths"].numpy())
-    assert plan is not None and plan.group_of_row.tolist() == [0, 1] * 3
-    assert plan.shared_lengths.tolist() == grouped["prompt_lengths"].tolist()
-    # Distinct questions under one instruction: the common prefix, 7 tokens, in one group.
-    prefixed = prefixed_rows()
-    lengths = prefixed["attention_mask"].sum(-1).numpy()
-    plan = plan_sharing(prefixed["input_ids"].numpy(), lengths, prefixed["prompt_lengths"].numpy())
-    assert plan is not None and plan.prompt_rows.tolist() == [0] and plan.shared_lengths.tolist() == [7] * 4
-    # A fork's two demonstrations share the prompt and the plan: the prefix runs past the prompt.
-    ids = np.array([[5, 6, 7, 8, 9, 1, 2], [5, 6, 7, 8, 9, 3, 0]])
-    assert common_prefix_group(ids, np.array([7, 6])).shared_lengths.tolist() == [5, 5]
-    assert common_prefix_group(ids[:1], np.array([7])).shared_lengths.tolist() == [7]
-    # Nothing in common (or one row): the plain forward.
-    ids = np.array([[1, 2, 3, 4], [2, 2, 3, 4]])
-    assert plan_sharing(ids, np.array([4, 4]), np.array([2, 2])) is None
-    assert plan_sharing(ids[:1], np.array([4]), np.array([2])) is None
 
 
 def test_the_plain_forward_runs_where_sharing_would_not_be_exact(model_dir):
@@ -211,13 +154,9 @@ def test_micro_batches_keep_a_prompts_rows_together_and_cover_every_row_once():
 def test_computed_positions_count_each_shared_prompt_once():
     lengths, prompts = np.array([10, 12, 7, 9]), np.array([5, 5, 4, 4])
     groups = group_prompts(np.array([[1] * 12, [1] * 12, [2] * 12, [2] * 12]), prompts)
-    assert computed_positions(lengths, None) == (4 * 12, 38)
+    assert computed_positions(lengths, prompts, None) == (4 * 12, 38)
     # 2 prompts padded to 5, 4 continuations padded to 7: 10 + 28 computed; real 5 + 4 + (5+7+3+5)
-    assert computed_positions(lengths, groups) == (38, 29)
-    # one common prefix of 3: 3 + 4 continuations padded to 9 computed; real 3 + (7+9+4+6)
-    common = common_prefix_group(np.array([[1, 1, 1, row] + [0] * 8 for row in range(4)]), lengths)
-    assert common.shared_lengths.tolist() == [3] * 4
-    assert computed_positions(lengths, common) == (3 + 4 * 9, 29)
+    assert computed_positions(lengths, prompts, groups) == (38, 29)
 
 
 def test_the_learners_scores_are_the_same_with_shared_prompts(model_dir):

@@ -727,8 +727,15 @@ def main(argv: list[str] | None = None) -> int:
             client,
             demo_questions,
             SearchEnvConfig.from_dict(env_settings),
+            state_plan=args.state_plan,
+            early_answer=args.early_answer,
             seed=args.seed,
-            **teacher_options(args),
+            lazy_plan=args.lazy_plan,
+            decision_weight=args.decision_weight,
+            echo_plan=args.echo_plan,
+            plan_weight=args.plan_weight,
+            hesitate_by_kind=args.hesitate_by_kind,
+            reading_weight=args.reading_weight,
         )
         say(
             f"warm start data: {len(demos)} teacher trajectories ({args.demonstrations} 1-hop, "
@@ -1058,20 +1065,6 @@ def main(argv: list[str] | None = None) -> int:
     plot(table, history, out / "training.png")
     say(f"checkpoint {checkpoint}; wrote {out / 'summary.json'} and {out / 'training.png'}")
     return 0
-
-
-def teacher_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The teacher's settings for ``demonstrations.teacher_rollouts`` from the main job's flags."""
-    return {
-        "state_plan": args.state_plan,
-        "early_answer": args.early_answer,
-        "lazy_plan": args.lazy_plan,
-        "decision_weight": args.decision_weight,
-        "echo_plan": args.echo_plan,
-        "plan_weight": args.plan_weight,
-        "hesitate_by_kind": args.hesitate_by_kind,
-        "reading_weight": args.reading_weight,
-    }
 
 
 def demo_kind(demonstration: Any, question: Any) -> tuple[int, int]:

@@ -20,8 +20,8 @@ compute comes from the learner's autocast; an EnvRunner's HF inference copy on a
 ``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
 in ``llm/models.py``), ``value_head``,
 ``logprob_chunk`` (positions per chunk of the vocabulary projection), ``share_prompts`` (default True:
-when a batch carries ``prompt_lengths``, the decoder reads each distinct prompt once, or the rows' common
-prefix once where that computes less; see ``shared_prompt.py``).
+when a batch carries ``prompt_lengths`` and rows share a prompt, the decoder reads each distinct prompt once;
+see ``shared_prompt.py``).
 """
 
 from __future__ import annotations
@@ -108,26 +108,23 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         groups = self.prompt_groups(batch, model)
         if groups is not None:
             return shared_prompt.shared_prompt_hidden_states(
-                decoder, batch["input_ids"], attention_mask, groups
+                decoder, batch["input_ids"], attention_mask, batch["prompt_lengths"], groups
             )
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = decoder(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=position_ids)
         return out.last_hidden_state
 
     def prompt_groups(self, batch: dict[str, Any], model: nn.Module) -> shared_prompt.PromptGroups | None:
-        """The rows' shared prefixes when the shared-prompt forward applies to this batch and ``model``
-        (``share_prompts`` on, ``prompt_lengths`` in the batch) and saves positions: groups by prompt or one
-        group over the rows' common prefix, whichever computes fewer (``shared_prompt.plan_sharing``);
-        else None."""
+        """The rows' shared prompts when the shared-prompt forward applies to this batch and ``model``
+        (``share_prompts`` on, ``prompt_lengths`` in the batch, two rows sharing a prompt), else None."""
         if not self.llm_config["share_prompts"] or "prompt_lengths" not in batch:
             return None
         if not shared_prompt.supports(_decoder_and_head(model)[0]):
             return None
-        return shared_prompt.plan_sharing(
-            batch["input_ids"].detach().cpu().numpy(),
-            batch["attention_mask"].long().sum(-1).detach().cpu().numpy(),
-            batch["prompt_lengths"].detach().cpu().numpy(),
+        groups = shared_prompt.group_prompts(
+            batch["input_ids"].detach().cpu().numpy(), batch["prompt_lengths"].detach().cpu().numpy()
         )
+        return groups if groups.shares else None
 
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         """Per position t: ``logprobs``/``entropy`` of token t+1 (B, T-1); ``values`` (B, T) if any."""

@@ -11,14 +11,6 @@ critic's) forward. Here the decoder runs twice instead:
    (an ``index_select``: the gradient of a shared key is the sum over the rows that read it, as it is when
    each row recomputes it).
 
-Rows of different questions share a prefix too: the protocol's instruction and the chat template's headers
-(52 of the compact protocol's 67-70 prompt tokens, 139 of Search-R1's 155-165). Nothing above needs the
-shared part to be the prompt, only the same token ids at the same positions, so :func:`plan_sharing` also
-weighs one group over all rows with their longest common prefix and keeps whichever plan computes the
-fewest positions: the prompt groups for GRPO's groups of episodes, the common prefix for SFT's and fork
-calibration's rows of distinct questions (``benchmarks/shared_prefix_bench.py``: an SFT step of the main
-job 1.17x faster, 1.41x with Search-R1's instruction), or the plain forward when neither saves anything.
-
 The hidden states are gathered back into the batch's own right-padded (B, T, H) layout, so the vocabulary
 projection, the value head and every loss term are unchanged: the result is the same function of the
 weights as the plain forward (tested to float tolerance for full fine-tuning, LoRA and a value head).
@@ -50,13 +42,11 @@ MASK_FRIENDLY_ATTENTION = ("sdpa", "eager")
 
 @dataclass(frozen=True)
 class PromptGroups:
-    """Rows grouped by an identical shared prefix: ``prompt_rows`` (U,) one row holding each distinct
-    prefix, ``group_of_row`` (B,) the index into ``prompt_rows`` of each row's prefix, ``shared_lengths``
-    (B,) the tokens of each row that its group's prefix covers (its prompt, or the rows' common prefix)."""
+    """Rows grouped by identical prompts: ``prompt_rows`` (U,) one row holding each distinct prompt,
+    ``group_of_row`` (B,) the index into ``prompt_rows`` of each row's prompt."""
 
     prompt_rows: np.ndarray
     group_of_row: np.ndarray
-    shared_lengths: np.ndarray
 
     @property
     def shares(self) -> bool:
@@ -76,38 +66,7 @@ def group_prompts(input_ids: np.ndarray, prompt_lengths: np.ndarray) -> PromptGr
             first_row[key] = len(prompt_rows)
             prompt_rows.append(row)
         group_of_row[row] = first_row[key]
-    return PromptGroups(
-        np.asarray(prompt_rows, dtype=np.int64), group_of_row, np.asarray(prompt_lengths, dtype=np.int64)
-    )
-
-
-def common_prefix_group(input_ids: np.ndarray, lengths: np.ndarray) -> PromptGroups:
-    """All rows of ``input_ids`` (B, T, right-padded; ``lengths`` real tokens each) in one group whose
-    prefix is their longest common prefix of token ids (no longer than the shortest row)."""
-    input_ids, lengths = np.asarray(input_ids), np.asarray(lengths, dtype=np.int64)
-    shortest = int(lengths.min())
-    differs = (input_ids[:, :shortest] != input_ids[:1, :shortest]).any(axis=0)
-    common = int(np.argmax(differs)) if differs.any() else shortest
-    rows = len(input_ids)
-    return PromptGroups(np.zeros(1, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.full(rows, common))
-
-
-def plan_sharing(
-    input_ids: np.ndarray, lengths: np.ndarray, prompt_lengths: np.ndarray
-) -> PromptGroups | None:
-    """The sharing that computes the fewest decoder positions for these rows (:func:`computed_positions`):
-    groups by prompt (:func:`group_prompts`), one group over the rows' common prefix
-    (:func:`common_prefix_group`), or None, the plain forward, when neither shares anything that pays."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    candidates = [group_prompts(input_ids, prompt_lengths), common_prefix_group(input_ids, lengths)]
-    best, best_cost = None, computed_positions(lengths, None)[0]
-    for groups in candidates:
-        if not groups.shares or int(groups.shared_lengths.min()) == 0:
-            continue
-        cost = computed_positions(lengths, groups)[0]
-        if cost < best_cost:
-            best, best_cost = groups, cost
-    return best
+    return PromptGroups(np.asarray(prompt_rows, dtype=np.int64), group_of_row)
 
 
 def supports(decoder: nn.Module) -> bool:
@@ -124,13 +83,14 @@ def shared_prompt_hidden_states(
     decoder: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
+    prompt_lengths: torch.Tensor,
     groups: PromptGroups,
 ) -> torch.Tensor:
-    """Last-layer hidden states (B, T, H) of right-padded rows, each distinct shared prefix run once."""
+    """Last-layer hidden states (B, T, H) of right-padded rows, each distinct prompt run once."""
     device = input_ids.device
     rows, width = input_ids.shape
     lengths = attention_mask.long().sum(-1)
-    prompt_lengths = torch.as_tensor(groups.shared_lengths, device=device, dtype=torch.long)
+    prompt_lengths = prompt_lengths.to(device=device, dtype=torch.long)
     prompt_rows = torch.as_tensor(groups.prompt_rows, device=device)
     group_of_row = torch.as_tensor(groups.group_of_row, device=device)
 
@@ -178,14 +138,16 @@ def shared_prompt_hidden_states(
     return source[torch.where(in_prompt, from_prompt, from_continuation)]
 
 
-def computed_positions(lengths: np.ndarray, groups: PromptGroups | None) -> tuple[int, int]:
+def computed_positions(
+    lengths: np.ndarray, prompt_lengths: np.ndarray, groups: PromptGroups | None
+) -> tuple[int, int]:
     """(positions the decoder computes, of which real tokens) for one forward of these rows: padded to the
-    longest row when ``groups`` is None, else the distinct shared prefixes padded to the longest plus the
+    longest row when ``groups`` is None, else the distinct prompts padded to the longest prompt plus the
     continuations padded to the longest continuation."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if groups is None:
         return int(len(lengths) * lengths.max()), int(lengths.sum())
-    prompts = np.asarray(groups.shared_lengths, dtype=np.int64)
+    prompts = np.asarray(prompt_lengths, dtype=np.int64)
     unique = prompts[groups.prompt_rows]
     continuations = lengths - prompts
     computed = len(unique) * int(unique.max()) + len(lengths) * max(1, int(continuations.max()))

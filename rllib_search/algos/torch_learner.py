@@ -280,15 +280,17 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
 
     def log_padding(self, micros: list[dict[str, Any]]) -> None:
         """``padding_fraction``: the share of the positions the decoder computes for these micro-batches
-        that are padding (each distinct shared prefix counted once); and
+        that are padding (each distinct prompt counted once where prompts are shared); and
         ``shared_prompt_savings``: the share of the plain forward's positions that sharing skipped."""
         policy = self.policy()
         computed = real = plain = 0
         for micro in micros:
             lengths = micro["attention_mask"].sum(-1).cpu().numpy()
-            positions, tokens = computed_positions(lengths, policy.prompt_groups(micro, policy.model))
+            prompts = micro["prompt_lengths"].cpu().numpy() if "prompt_lengths" in micro else lengths
+            groups = policy.prompt_groups(micro, policy.model)
+            positions, tokens = computed_positions(lengths, prompts, groups)
             computed, real = computed + positions, real + tokens
-            plain += computed_positions(lengths, None)[0]
+            plain += computed_positions(lengths, prompts, None)[0]
         key = DEFAULT_MODULE_ID
         self.metrics.log_value((key, "padding_fraction"), 1.0 - real / max(computed, 1), window=1)
         self.metrics.log_value((key, "shared_prompt_savings"), 1.0 - computed / max(plain, 1), window=1)
