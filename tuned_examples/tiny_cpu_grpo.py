@@ -63,7 +63,7 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    elsewhere. On the AVX-512 EPYC of stops 59-64 a run then took 587-730 s (fp32: 872-994 s) and met the
    goal on seeds 0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63); with the turn after the first
    search calibrated too (stop 64's default) on 8 of the 9 (13, 15 and 21 included; seed 14 lost 0.30
-   on 1-hop), and on 18-20 of the seeds run afterwards (not 22: +0.18; 11 of 13, stop 65), in 651-859 s
+   on 1-hop), and on seeds 18-20 of the four run afterwards (not 22: +0.18; 11 of 13, stop 65), in 651-859 s
    a run with the base model's evaluation cached (a fresh machine's about 70 s more: seeds calibrated in
    all 8 steps come to 880-930 s there).
    Before guidance (fp32, 48-token turns), full runs against the goal (2-hop +0.2 with its interval above
