@@ -76,11 +76,18 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert [r["iteration"] for r in validation["readings"]] == [1, 2]
     assert validation["questions_per_hop"] == {"1": 2, "2": 2}
     best = max(r["correct"] for r in validation["readings"])
-    assert validation["kept_iteration"] == min(
+    assert validation["kept_iteration"] == max(
         r["iteration"] for r in validation["readings"] if r["correct"] == best
     )
     assert f"RL keeps iteration {validation['kept_iteration']}'s weights" in done.stdout
-    assert all(set(row["held_out"]) >= {"em_1hop", "em_2hop"} for row in summary["grpo"])
+    # --rl-validation-held-out: each reading's held-out EMs and the paired gain had RL kept it; the kept
+    # reading's gain is the summary's.
+    for row in summary["grpo"]:
+        assert set(row["held_out"]) >= {"em_1hop", "em_2hop", "gain"}
+        assert all(g["low"] <= g["value"] <= g["high"] for g in row["held_out"]["gain"].values())
+    kept = summary["grpo"][validation["kept_iteration"] - 1]["held_out"]["gain"]
+    assert kept["2hop"]["value"] == summary["rl_gain_2hop"]
+    assert f"RL gain if iteration {validation['kept_iteration']} were kept" in done.stdout
     settings = summary["settings"]
     assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
     assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
@@ -289,7 +296,7 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
         and job.parse_args(["--rl-stop-on-fork-rise", "0.05"]).rl_read_forks
     )
     # Validation readings (stop 45's default: after iterations 4, 6 and 8, 20 + 20 questions): the asked-for
-    # iterations RL reaches, always with its last; the most right answers win, the earliest on a tie.
+    # iterations RL reaches, always with its last; the most right answers win, the latest on a tie (stop 66).
     assert defaults.rl_validate_at == (4, 6, 8) and defaults.validation_questions == 20
     assert job.parse_args(["--rl-iterations", "5"]).rl_validate_at == (4, 5)
     assert job.parse_args(["--smoke"]).rl_validate_at == (1,)
@@ -304,9 +311,11 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
         {"iteration": 6, "correct": 33},
         {"iteration": 8, "correct": 33},
     ]
-    assert job.kept_reading(readings)["iteration"] == 6
-    assert job.kept_reading([*readings[:2], {"iteration": 8, "correct": 34}])["iteration"] == 8
+    assert job.kept_reading(readings)["iteration"] == 8
+    assert job.kept_reading(readings[:2])["iteration"] == 6
+    assert job.kept_reading([*readings[:2], {"iteration": 8, "correct": 32}])["iteration"] == 6
     assert job.kept_reading([{"iteration": 4, "correct": 35}, *readings[1:]])["iteration"] == 4
+    assert job.kept_reading([{"iteration": 4, "correct": 33}, *readings[1:]])["iteration"] == 8
 
 
 # search_r1_grpo's --smoke runs in test_an_example_submitted_with_ray_job_submit_succeeds (the same checks,
