@@ -64,7 +64,7 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    goal on seeds 0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63); with the turn after the first
    search calibrated too (stop 64's default) on 8 of the 9 (13, 15 and 21 included; seed 14 lost 0.30
    on 1-hop), and on seeds 18-20 of the four run afterwards (not 22: +0.18; 11 of 13, stop 65; the
-   latest of tied readings kept since stop 66: larger gains on the tied seeds 17, 18, 23), in 651-859 s
+   latest of tied readings kept since stop 66: larger 2-hop gains on the tied seeds 17, 18, 23), in 651-859 s
    a run with the base model's evaluation cached (a fresh machine's about 70 s more: seeds calibrated in
    all 8 steps come to 880-930 s there).
    Before guidance (fp32, 48-token turns), full runs against the goal (2-hop +0.2 with its interval above
@@ -144,7 +144,7 @@ def kept_reading(readings: list[dict[str, Any]]) -> dict[str, Any]:
     """The validation reading whose weights RL keeps: the most right answers over both hop counts (a 2-hop
     answer won is worth nothing if a 1-hop one is lost), the latest on a tie: 20 questions a hop count
     cannot tell tied iterations apart, and on held-out questions the later one had more of RL's 2-hop
-    lift (stop 66: 0.08-0.20 more on four of five tied runs, the same on the fifth)."""
+    lift (stop 66: 0.08-0.20 more in five of seven tied runs; the pass count did not move)."""
     return max(readings, key=lambda reading: (reading["correct"], reading["iteration"]))
 
 
