@@ -24,6 +24,8 @@ already stopped until the last row stops. This engine runs its own decode loop i
   at every step (13% of a tiny model's rollout, growing with the context);
 - only the last position of a forward pass goes through the vocabulary projection (``logits_to_keep``),
   also when a turn prefills the observation (7% of a SmolLM2 rollout);
+- on a CPU, each forward pass's fp32 matrix products of a few rows run as the fastest formulation checked
+  bitwise equal to ``F.linear`` for their shape (``exact_products.py``): the same logits, faster;
 - the stop-string check decodes a row's last tokens only after a token whose text holds a stop string's
   last character (or a partial UTF-8 byte): other tokens cannot complete a stop string.
 
@@ -43,6 +45,7 @@ with the old weights. Sampling, log-probs, stop strings and EOS follow
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +56,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rllib_search.llm.engines.base import SamplingParams, Segment, decode, finish_segment
+from rllib_search.llm.engines.exact_products import ExactProducts
 from rllib_search.llm.engines.hf import HFEngine, _Sampler
 
 
@@ -170,9 +174,18 @@ class PrefixCachingHFEngine(HFEngine):
     ``min_shared_tokens`` tokens (different questions after one prompt template) prefill that start once.
     A model with sliding-window layers is served here only by the calls that fit in its window
     (``window``; see the module docstring); :meth:`supports` tells whether every call is.
+    ``exact_products`` (default on; only CPU fp32 products are affected) serves each forward pass's linear
+    layers by an :class:`~rllib_search.llm.engines.exact_products.ExactProducts`, kept as ``products``.
     """
 
-    def __init__(self, *args, prefill_tokens: int = 16384, min_shared_tokens: int = 32, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        prefill_tokens: int = 16384,
+        min_shared_tokens: int = 32,
+        exact_products: bool = True,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.window = self.attention_window(self.model)
         self.prefill_tokens = prefill_tokens
@@ -187,6 +200,8 @@ class PrefixCachingHFEngine(HFEngine):
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         accepts = "logits_to_keep" in inspect.signature(base.forward).parameters
         self._forward_options = {"logits_to_keep": 1} if accepts else {}
+        on_cpu = self.device.type == "cpu"
+        self.products = ExactProducts() if exact_products and on_cpu else None
 
     @staticmethod
     def supports(model) -> bool:
@@ -384,14 +399,15 @@ class PrefixCachingHFEngine(HFEngine):
     def _forward(
         self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            **self._forward_options,
-        )
+        with self.products.serving(self.model) if self.products is not None else contextlib.nullcontext():
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                **self._forward_options,
+            )
         return out.logits[:, -1, :]
 
     def _row_done(self, row: _Row, params: SamplingParams, window: int, may_end_stop: list[bool]) -> bool:

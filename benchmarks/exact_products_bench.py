@@ -1,0 +1,145 @@
+"""Exact-products benchmark: the rollout engine's decoding step with and without ``ExactProducts``.
+
+``PrefixCachingHFEngine`` serves a forward pass's fp32 CPU matrix products of a few rows with the fastest
+formulation checked bitwise equal to ``F.linear`` for their shape (``rllib_search/llm/engines/
+exact_products.py``). This benchmark runs two engines over one model (the bundled SmolLM2 policy by
+default), one with it and one without, on the same prompts (chat prompts of the embedded world's
+questions), greedy, every row generating ``--tokens`` tokens (EOS ignored, so the batch keeps its rows),
+alternating engine by engine within each repeat (the first repeat a warm-up, not counted), at each of
+``--rows``. Per row count it reports the median seconds of a decoding step (prefill steps, whose products
+have more rows than the mode serves, are left out) for each engine, their ratio, whether both engines
+generated the same tokens and log-probs, and which formulations served the products. Records the CPU with
+the result. Prints a final JSON line and writes ``benchmarks/results/exact_products.json``
+(``_quick`` with ``--quick``: 2 repeats, rows 8 and 32, 8 tokens).
+
+    python benchmarks/exact_products_bench.py [--quick] [--rows 8,16,32,64,100] [--model NAME_OR_PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from statistics import median
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+
+from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+from rllib_search.llm.engines import SamplingParams
+from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
+from rllib_search.llm.models import cpu_description, describe_cpu, load_causal_lm
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+class TimedEngine:
+    """An engine whose forward passes are timed, decoding steps (one new token a row) apart."""
+
+    def __init__(self, engine: PrefixCachingHFEngine) -> None:
+        self.engine = engine
+        self.decode_seconds: list[float] = []
+        forward = engine._forward
+
+        def timed_forward(input_ids, *args, **kwargs):
+            started = time.perf_counter()
+            logits = forward(input_ids, *args, **kwargs)
+            if input_ids.shape[1] == 1:
+                self.decode_seconds.append(time.perf_counter() - started)
+            return logits
+
+        engine._forward = timed_forward
+
+    def generate(self, prefixes: list[list[int]], params: SamplingParams) -> list[tuple]:
+        self.engine.reset_cache()
+        return [(s.token_ids, s.logprobs) for s in self.engine.generate(prefixes, params)]
+
+
+def prompts(tokenizer, count: int) -> list[list[int]]:
+    """Chat prompts of the embedded world's test questions, 1- and 2-hop."""
+    world = generate_world(SyntheticWorldConfig(seed=0))
+    questions = [record.question for record in world.test][:count]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
+        for q in questions
+    ]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+def measure(model, tokenizer, rows: int, tokens: int, repeats: int) -> dict:
+    """Both engines at ``rows`` rows: median decoding-step seconds, ratio, same outputs, formulations."""
+    engines = {
+        "plain": TimedEngine(PrefixCachingHFEngine(model, tokenizer, exact_products=False)),
+        "exact": TimedEngine(PrefixCachingHFEngine(model, tokenizer)),
+    }
+    batch = prompts(tokenizer, rows)
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens, ignore_eos=True)
+    outputs: dict[str, list] = {}
+    for repeat in range(repeats):
+        for name, engine in engines.items():
+            if repeat == 1:
+                engine.decode_seconds.clear()  # the first repeat was the warm-up
+            outputs[name] = engine.generate(batch, params)
+    plain = median(engines["plain"].decode_seconds)
+    exact = median(engines["exact"].decode_seconds)
+    products = engines["exact"].engine.products
+    return {
+        "rows": rows,
+        "plain_step_ms": round(plain * 1e3, 1),
+        "exact_step_ms": round(exact * 1e3, 1),
+        "speedup": round(plain / exact, 3),
+        "same_tokens_and_logprobs": outputs["plain"] == outputs["exact"],
+        "formulations": dict(products.calls),
+        "shape_keys": len(products.keys),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--rows", default="8,16,32,64,100", help="decoding batch sizes, comma-separated")
+    parser.add_argument("--tokens", type=int, default=24, help="tokens each row generates")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats (the first a warm-up)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="2 repeats, rows 8 and 32, 8 tokens")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.rows, args.tokens = 2, "8,32", 8
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_causal_lm(args.model)
+    by_rows = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        result = measure(model, tokenizer, rows, args.tokens, max(2, args.repeats))
+        by_rows.append(result)
+        print(
+            f"{rows:4d} rows: a decoding step {result['plain_step_ms']} ms -> {result['exact_step_ms']} ms "
+            f"({result['speedup']:.2f}x), same tokens and log-probs: {result['same_tokens_and_logprobs']}",
+            flush=True,
+        )
+    summary = {
+        "benchmark": "exact_products",
+        "model": args.model,
+        "cpu": cpu_description(),
+        "cpu_line": describe_cpu(cpu_description()),
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "by_rows": by_rows,
+        "all_same": all(r["same_tokens_and_logprobs"] for r in by_rows),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "exact_products_quick.json" if args.quick else "exact_products.json"
+    (RESULTS / name).write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
