@@ -116,3 +116,15 @@ def test_products_outside_its_scope_are_left_to_f_linear():
         assert torch.equal(model(x), layer(F.linear(x, model[0].weight)))
     assert "forward" not in vars(model[0])
     assert len(products.keys) == 1
+
+
+def test_a_non_contiguous_input_gets_f_linears_product_too():
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(80, 40, generator=generator)
+    products = ep.ExactProducts(trials=1)
+    for _ in range(5):
+        wide = torch.randn(6, 3, 40, generator=generator)
+        x = wide[:, -1:, :]  # a prefill pass's last position: a strided view
+        assert not x.is_contiguous()
+        assert torch.equal(products.linear(x, weight), F.linear(x, weight))
+    assert len(products.keys) == 1 and products.calls["checked"] == 1

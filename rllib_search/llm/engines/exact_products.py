@@ -11,9 +11,9 @@ the condition, not a detail: a float-level change of the logits changes greedy a
 them which seeds of the main job meet its goal (docs/main_job.md stop 65).
 
 So no formulation is assumed exact. :class:`ExactProducts` serves the bias-free ``nn.Linear`` layers of a
-model while :meth:`ExactProducts.serving` is active, for fp32 CPU inputs of at most ``max_rows`` rows (other
-calls go to ``F.linear`` as they are). The first product of each *shape key* (rows, weight shape, both
-operands' strides and 64-byte alignment, the thread count: what a BLAS picks its kernel and summation order
+model while :meth:`ExactProducts.serving` is active, for fp32 CPU inputs of at most ``max_rows`` rows
+(other calls go to ``F.linear`` as they are). The first product of each *shape key* (both operands'
+shapes, strides and 64-byte alignment, the thread count: what a BLAS picks its kernel and summation order
 from; never the values) is computed every way and returns ``F.linear``'s result; the formulations that gave
 bitwise the same become candidates. The next products of that key are timed round-robin over the
 candidates, ``trials`` each, and the fastest (median) serves the key from then on. Timing decides only the
@@ -123,9 +123,11 @@ class ExactProducts:
         )
 
     def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+        flat = x.reshape(-1, x.shape[-1])  # a view where x is contiguous, else a copy
         key = (
-            tuple(flat.shape),
+            tuple(x.shape),
+            x.stride(),
+            x.data_ptr() % 64,
             flat.stride(),
             flat.data_ptr() % 64,
             tuple(weight.shape),
@@ -148,7 +150,8 @@ class ExactProducts:
             return reference
         name = known.chosen or min(known.exact, key=lambda n: len(known.seconds.get(n, ())))
         started = time.perf_counter()
-        out = FORMULATIONS[name](flat, weight)
+        # F.linear itself on x as given: exactly the product the check compared the others with.
+        out = F.linear(x, weight) if name == "linear" else FORMULATIONS[name](flat, weight)
         if known.chosen is None:
             known.seconds.setdefault(name, []).append(time.perf_counter() - started)
             if all(len(known.seconds.get(n, ())) >= self.trials for n in known.exact):
