@@ -2,9 +2,9 @@
 
 A decoding step of a small model on a CPU multiplies a few rows (one per sequence in the batch) by every
 weight matrix. ``F.linear(x, W)`` asks MKL for ``x @ W.T``, which reads the (out, in) weight across its
-rows; asking for ``(W @ x.T).T`` streams the weight in its stored order and, on the CPUs measured, is 1.2-3x
-faster for a few to about a hundred rows (SmolLM2's shapes on a Zen 3 EPYC: 32 rows 1.38x over a whole
-step, the vocabulary projection 1.75x); the vocabulary projection also runs faster in blocks of 2048
+rows; asking for ``(W @ x.T).T`` streams the weight in its stored order and, with SmolLM2's shapes on a Zen 3
+EPYC, is 1.1-4.3x faster at 4-32 rows (a decoding step at 16-64 rows 1.16-1.48x,
+``benchmarks/exact_products_bench.py``); the vocabulary projection also runs faster in blocks of 2048
 embedding rows at a few rows. Whether such a formulation gives *bitwise* ``F.linear``'s result depends on the
 kernel the BLAS picks for the shape: on that CPU it did at 1 and 16-512 rows, not at 4 or 8. Bitwise is
 the condition, not a detail: a float-level change of the logits changes greedy and sampled tokens, and with
