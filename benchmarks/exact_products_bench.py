@@ -9,10 +9,20 @@ alternating engine by engine within each repeat (the first repeat a warm-up, not
 ``--rows``. Per row count it reports the median seconds of a decoding step (prefill steps, whose products
 have more rows than the mode serves, are left out) for each engine, their ratio, whether both engines
 generated the same tokens and log-probs, and which formulations served the products. Records the CPU with
-the result. Prints a final JSON line and writes ``benchmarks/results/exact_products.json``
-(``_quick`` with ``--quick``: 2 repeats, rows 8 and 32, 8 tokens).
+the result.
+
+With ``--evaluation-model`` (a main job's warm start, e.g. ``runs/tiny_cpu_grpo/warm_start_model``: the
+bundled base model never closes a turn) it also times the main job's greedy evaluation, multi-turn with
+retrieval, on ``--evaluation-questions`` held-out questions per hop count in one batch (the EnvRunner of
+``benchmarks/main_job_parts_bench.py``: the compact protocol, 3 turns, two passages, 48 tokens a turn),
+with the runner's engine's ``ExactProducts`` off and on, alternating: seconds and whether the answers and
+episodes' tokens are the same. Prints a final JSON line and writes ``benchmarks/results/
+exact_products.json`` (``_quick`` with ``--quick``: 2 repeats, rows 8 and 32, 8 tokens, 10 questions).
 
     python benchmarks/exact_products_bench.py [--quick] [--rows 8,16,32,64,100] [--model NAME_OR_PATH]
+        [--evaluation-model runs/tiny_cpu_grpo/warm_start_model] [--evaluation-questions 50]
+
+(``--rows ""`` times the evaluation alone, written to ``exact_products_evaluation.json``.)
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from statistics import median
@@ -34,7 +45,8 @@ from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.models import cpu_description, describe_cpu, load_causal_lm
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 class TimedEngine:
@@ -100,6 +112,38 @@ def measure(model, tokenizer, rows: int, tokens: int, repeats: int) -> dict:
     }
 
 
+def measure_evaluation(model: str, questions_per_hop: int, repeats: int) -> dict:
+    """The main job's greedy evaluation with the engine's ExactProducts off and on: seconds, same output."""
+    sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.main_job_parts_bench
+    from benchmarks.main_job_parts_bench import evaluation_runner
+
+    runner, by_hops = evaluation_runner(model)
+    engine = runner.engine
+    products = {"plain": None, "exact": engine.products}
+    records = [record for hops in (1, 2) for record in by_hops[hops][:questions_per_hop]]
+    seconds: dict[str, list[float]] = {name: [] for name in products}
+    outputs: dict[str, list] = {}
+    for repeat in range(repeats):
+        for name, served_by in products.items():
+            engine.products = served_by
+            started = time.perf_counter()
+            rollouts = runner.rollout_records(records)
+            took = time.perf_counter() - started
+            outputs[name] = [(r.answer, r.token_ids.tolist()) for r in rollouts]
+            if repeat:  # the first repeat warms up (and checks the shape keys)
+                seconds[name].append(took)
+            print(f"  evaluation of {len(records)} questions, {name}: {took:.1f} s", flush=True)
+    plain, exact = median(seconds["plain"]), median(seconds["exact"])
+    return {
+        "model": model,
+        "questions": len(records),
+        "plain_s": round(plain, 3),
+        "exact_s": round(exact, 3),
+        "speedup": round(plain / exact, 3),
+        "same_answers_and_tokens": outputs["plain"] == outputs["exact"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,19 +153,31 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24, help="tokens each row generates")
     parser.add_argument("--repeats", type=int, default=3, help="alternating repeats (the first a warm-up)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="2 repeats, rows 8 and 32, 8 tokens")
+    parser.add_argument("--evaluation-model", default=None, help="a main job's warm start (see above)")
+    parser.add_argument("--evaluation-questions", type=int, default=50, help="questions per hop count")
+    parser.add_argument("--quick", action="store_true", help="2 repeats, rows 8, 32, 8 tokens, 10 questions")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.rows, args.tokens = 2, "8,32", 8
+        args.repeats, args.rows, args.tokens, args.evaluation_questions = 2, "8,32", 8, 10
     torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model)
     by_rows = []
-    for rows in [int(r) for r in args.rows.split(",")]:
+    for rows in [int(r) for r in args.rows.split(",") if r.strip()]:
         result = measure(model, tokenizer, rows, args.tokens, max(2, args.repeats))
         by_rows.append(result)
         print(
             f"{rows:4d} rows: a decoding step {result['plain_step_ms']} ms -> {result['exact_step_ms']} ms "
             f"({result['speedup']:.2f}x), same tokens and log-probs: {result['same_tokens_and_logprobs']}",
+            flush=True,
+        )
+    evaluation = None
+    if args.evaluation_model:
+        repeats = max(2, args.repeats)
+        evaluation = measure_evaluation(args.evaluation_model, args.evaluation_questions, repeats)
+        print(
+            f"main job's evaluation, {evaluation['questions']} questions: {evaluation['plain_s']} s -> "
+            f"{evaluation['exact_s']} s ({evaluation['speedup']:.2f}x), "
+            f"same answers and tokens: {evaluation['same_answers_and_tokens']}",
             flush=True,
         )
     summary = {
@@ -133,10 +189,14 @@ def main() -> None:
         "tokens": args.tokens,
         "repeats": args.repeats,
         "by_rows": by_rows,
-        "all_same": all(r["same_tokens_and_logprobs"] for r in by_rows),
+        "evaluation": evaluation,
+        "all_same": all(r["same_tokens_and_logprobs"] for r in by_rows)
+        and (evaluation is None or evaluation["same_answers_and_tokens"]),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "exact_products_quick.json" if args.quick else "exact_products.json"
+    # The evaluation alone (``--rows ""``) does not replace the decoding steps' figures.
+    name = "exact_products" + ("" if by_rows else "_evaluation") + ("_quick" if args.quick else "")
+    name += ".json"
     (RESULTS / name).write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
 

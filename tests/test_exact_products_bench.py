@@ -4,7 +4,7 @@ benchmark)."""
 
 from __future__ import annotations
 
-from benchmarks.exact_products_bench import measure, prompts
+from benchmarks.exact_products_bench import measure, measure_evaluation, prompts
 from rllib_search.llm.models import load_causal_lm
 from rllib_search.llm.tiny import build_tiny_causal_lm
 
@@ -18,3 +18,10 @@ def test_both_engines_decode_the_same_tokens_and_only_decoding_steps_are_timed(t
     # Every product of the exact engine went through it: a first product per shape key, the rest served.
     assert result["formulations"]["checked"] == result["shape_keys"] > 0
     assert sum(result["formulations"].values()) > result["shape_keys"]
+
+
+def test_the_main_jobs_evaluation_gives_the_same_answers_with_and_without(tmp_path):
+    model = build_tiny_causal_lm(tmp_path / "tiny")
+    result = measure_evaluation(str(model), questions_per_hop=2, repeats=2)
+    assert result["questions"] == 4 and result["same_answers_and_tokens"]
+    assert result["plain_s"] > 0 and result["exact_s"] > 0
