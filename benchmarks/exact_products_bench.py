@@ -6,8 +6,8 @@ exact_products.py``). This benchmark runs two engines over one model (the bundle
 default), one with it and one without, on the same prompts (chat prompts of the embedded world's
 questions), greedy, every row generating ``--tokens`` tokens (EOS ignored, so the batch keeps its rows),
 alternating engine by engine within each repeat (the first repeat a warm-up, not counted), at each of
-``--rows``. Per row count it reports the median seconds of a decoding step (prefill steps, whose products
-have more rows than the mode serves, are left out) for each engine, their ratio, whether both engines
+``--rows``. Per row count it reports the median seconds of a decoding step (one new token a row; prefill
+passes are left out) for each engine, their ratio, whether both engines
 generated the same tokens and log-probs, and which formulations served the products. Records the CPU with
 the result.
 
