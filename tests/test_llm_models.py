@@ -10,6 +10,7 @@ from rllib_search.llm.models import (
     cache_dir,
     load_causal_lm,
     lora_state_dict,
+    matmul_gflops,
     merged_state_dict,
     train_top_layers,
 )
@@ -119,3 +120,18 @@ def test_bundled_smollm2_converts_once_then_loads_from_cache():
     assert model.config.vocab_size == len(tokenizer) == 49152
     assert not hasattr(model.config, "quantization_config")
     assert 130e6 < sum(param.numel() for param in model.parameters()) < 140e6
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_speed_is_the_products_flops_over_its_best_time(dtype, monkeypatch):
+    """The machine speed a run records: a real product in the run's dtype, timed; on a clock that reads
+    2 ms for every product, (2 x 64 x 32 x 16) FLOPs / 2 ms."""
+    measured = matmul_gflops(dtype, shape=(64, 32, 16), repeats=3)
+    assert 0.0 < measured < 1e6
+    import time
+
+    ticks = iter(range(0, 100, 2))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1000)
+    assert matmul_gflops(dtype, shape=(64, 32, 16), repeats=3) == pytest.approx(
+        2 * 64 * 32 * 16 / 0.002 / 1e9
+    )

@@ -116,6 +116,7 @@ def test_rows_record_the_machine_their_run_measured():
     assert here["cores"] >= 1 and here["torch_threads"] >= 1 and isinstance(here["native_bf16"], bool)
     assert here["vector_unit"] and here["cpu"]
     other = {**here, "cpu": "Another CPU", "vector_unit": "AVX512", "native_bf16": True}
+    other |= {"matmul_gflops_start": 66.2, "matmul_gflops_end": 33.4}  # measured since stop 71
     base = {
         **_summary(0.30, [0.16, 0.44], 0.0, [-0.04, 0.04]),
         "em": {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.4}},
@@ -130,3 +131,5 @@ def test_rows_record_the_machine_their_run_measured():
     table = seeds.markdown(seeds.report(rows, []))
     assert f"{describe_cpu(here)} (seeds 0, 2); Another CPU, " in table
     assert "AVX512, bf16 native (seeds 1)." in table
+    # The seconds beside the machine's product speed at the run's start and end, where it was measured.
+    assert "| 812 (66 -> 33 GFLOP/s) | meets |" in table and table.count("| 812 | meets |") == 2

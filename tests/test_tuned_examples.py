@@ -144,6 +144,10 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert row["meets_goal"] == (not row["why_not"]) and document["passes"] == int(row["meets_goal"])
     assert row["kept_iteration"] == validation["kept_iteration"]
     assert row["machine"] == summary["machine"] and f"machine: {summary['machine']['cpu']}, " in done.stdout
+    # The machine's product speed, measured at the start and the end, beside the run's seconds.
+    speeds = [summary["machine"][f"matmul_gflops_{when}"] for when in ("start", "end")]
+    assert all(speed > 0 for speed in speeds) and f"({speeds[0]:.0f} at the start)" in done.stdout
+    assert f"({speeds[0]:.0f} -> {speeds[1]:.0f} GFLOP/s) |" in (sweep / "seeds.md").read_text()
     assert "| 0 |" in (sweep / "seeds.md").read_text() and (sweep / "seeds.png").stat().st_size > 0
     assert "[1/1 seeds, " in done.stdout and "[seed 0] " in done.stdout
     # Run again with the same flags: the seed is read back, not run.

@@ -131,6 +131,14 @@ def report(
     return document
 
 
+def machine_speed(machine: dict[str, Any] | None) -> str:
+    """`` (66 -> 64 GFLOP/s)``: the machine's product speed at a run's start and end, where the run
+    measured it (runs before stop 71 did not), since a shared machine's speed varies by 2x between days."""
+    if not machine or "matmul_gflops_start" not in machine:
+        return ""
+    return f" ({machine['matmul_gflops_start']:.0f} -> {machine['matmul_gflops_end']:.0f} GFLOP/s)"
+
+
 def markdown(document: dict[str, Any]) -> str:
     """``seeds.md``: one row per seed and the pass count."""
     from rllib_search.llm.models import describe_cpu
@@ -142,7 +150,7 @@ def markdown(document: dict[str, Any]) -> str:
         f"Goal: {document['goal']}. Written by `tuned_examples/main_job_seeds.py`.",
         "",
         "| seed | warm 1-hop / 2-hop | RL 1-hop / 2-hop | 2-hop gain [95%] | 1-hop gain [95%] "
-        "| 2-hop searches warm -> RL | kept | seconds | goal |",
+        "| 2-hop searches warm -> RL | kept | seconds (machine speed) | goal |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in document["rows"]:
@@ -156,7 +164,7 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {row['rl_gain_2hop']:+.2f} [{g2[0]:+.2f}, {g2[1]:+.2f}] "
             f"| {row['rl_gain_1hop']:+.2f} [{g1[0]:+.2f}, {g1[1]:+.2f}] "
             f"| {searches['after warm start']:.2f} -> {searches['after RL']:.2f} | {row['kept_iteration']} "
-            f"| {row['seconds']:.0f} | {verdict} |"
+            f"| {row['seconds']:.0f}{machine_speed(row.get('machine'))} | {verdict} |"
         )
     machines: dict[str, list[int]] = {}
     for row in document["rows"]:

@@ -568,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         describe_cpu,
         load_causal_lm,
         load_tokenizer,
+        matmul_gflops,
         resolve_model_path,
     )
     from rllib_search.recipes import embedded
@@ -609,6 +610,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         say("precision: fp32 (--bf16 for bf16, the default where the CPU has AVX512-BF16 or AMX)")
+    product_dtype = "bfloat16" if args.bf16 else "float32"
+    machine["matmul_gflops_start"] = round(matmul_gflops(product_dtype), 1)
+    say(
+        f"machine speed: {machine['matmul_gflops_start']:.0f} GFLOP/s in a {product_dtype} product "
+        "(the run's seconds scale with it; measured again at the end)"
+    )
     for line in connect(num_cpus=2, metrics_port=args.metrics_port):
         say(line)
     retriever_spec, started_retriever = embedded.serve_retriever(world.index)
@@ -1025,6 +1032,11 @@ def main(argv: list[str] | None = None) -> int:
         embedded.stop_apps([embedded.RETRIEVER_APP])
 
     # 5. Report: the table, RL's gain over the warm start on the same questions (paired bootstrap).
+    machine["matmul_gflops_end"] = round(matmul_gflops(product_dtype), 1)
+    say(
+        f"machine speed: {machine['matmul_gflops_end']:.0f} GFLOP/s at the end "
+        f"({machine['matmul_gflops_start']:.0f} at the start)"
+    )
     gain = paired_gain(flat(table[-2]), flat(table[-1]), golds, groups, seed=args.seed)
     rl_gain = {f"{hops}hop": gain.groups[str(hops)]["em"] for hops in held_out}
     print("\nheld-out evaluation (greedy; EM [95% bootstrap interval])")

@@ -133,6 +133,33 @@ def describe_cpu(description: dict[str, Any]) -> str:
     )
 
 
+def matmul_gflops(
+    dtype: str = "float32", shape: tuple[int, int, int] = (1024, 576, 1536), repeats: int = 5
+) -> float:
+    """This machine's speed now: GFLOP/s of one ``(rows, inner) x (inner, out)`` product in ``dtype`` with
+    torch's threads (the best of ``repeats`` after a warm-up; about 0.2 s in fp32 on 2 cores). The default
+    shape is SmolLM2-135M's up-projection over 1024 positions, which runs at MKL's ceiling: on 2 cores a
+    Zen 2 EPYC at 2.0 GHz gives about 66 in fp32, and a CPU run's stages scale with it (prefill and
+    training are that product; decoding a few rows is slower per FLOP). Shared machines vary by 2x from
+    day to day (docs/main_job.md, stops 67 and 71), so a run's seconds are read against this figure."""
+    import time
+
+    import torch
+
+    rows, inner, out = shape
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, inner, generator=generator).to(getattr(torch, dtype))
+    weight = torch.randn(out, inner, generator=generator).to(getattr(torch, dtype))
+    best = float("inf")
+    with torch.no_grad():
+        torch.nn.functional.linear(x, weight)  # warm-up: MKL's packing, oneDNN's kernel choice
+        for _ in range(max(1, repeats)):
+            started = time.perf_counter()
+            torch.nn.functional.linear(x, weight)
+            best = min(best, time.perf_counter() - started)
+    return 2.0 * rows * inner * out / max(best, 1e-9) / 1e9
+
+
 def _default_dtype(device: str) -> Any:
     import torch
 
