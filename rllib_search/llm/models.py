@@ -139,7 +139,7 @@ def matmul_gflops(
     """This machine's speed now: GFLOP/s of one ``(rows, inner) x (inner, out)`` product in ``dtype`` with
     torch's threads (the best of ``repeats`` after a warm-up; about 0.2 s in fp32 on 2 cores). The default
     shape is SmolLM2-135M's up-projection over 1024 positions, which runs at MKL's ceiling: on 2 cores a
-    Zen 2 EPYC at 2.0 GHz gives about 66 in fp32, and a CPU run's stages scale with it (prefill and
+    Zen 2 EPYC at 2.0 GHz gives 60-69 in fp32, and a CPU run's stages scale with it (prefill and
     training are that product; decoding a few rows is slower per FLOP). Shared machines vary by 2x from
     day to day (docs/main_job.md, stops 67 and 71), so a run's seconds are read against this figure."""
     import time
