@@ -135,6 +135,35 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     stdout = run()
     assert "every arm's results are in" in stdout and "resuming the arm" not in stdout
 
+    # The findings record where they ran: the CPU, its threads, fp32 and torch.
+    assert masking["machine"]["precision"] == "fp32" and masking["machine"]["cores"] >= 1
+    assert "torch" in masking["machine"] and document["run"]["machine"] == masking["machine"]
+
+    # --check trains one arm again, seed 0 only, elsewhere, and sets it beside the committed results seed by
+    # seed, leaving the committed report as it was: on one machine seeded training gives the same answers.
+    committed = (out / "findings.json").read_text()
+    check = tmp_path / "check"
+    stdout = run(
+        "--check",
+        "--arms",
+        "Masking On",
+        "--seeds",
+        "0",
+        "--out",
+        str(check),
+        "--json",
+        str(out / "findings.json"),
+    )
+    assert (out / "findings.json").read_text() == committed
+    checked = json.loads((check / "check.json").read_text())
+    (entry,) = checked["arms"]
+    assert entry["finding"] == "masking" and entry["arm"] == "masking on" and entry["status"] == "compared"
+    (row,) = entry["per_seed"]
+    assert row["seed"] == 0 and row["committed_em"] == masking["arms"]["masking on"]["per_seed_em"]["0"]
+    assert entry["verdict"] == "the same EM at every seed" and row["rerun_em"] == row["committed_em"]
+    assert sorted(p.name for p in (check / "tune").iterdir()) == ["masking__masking_on__32_tokens"]
+    assert "| Retrieved-token masking | masking on | 0: " in stdout and (check / "check.md").exists()
+
     # Another machine (the study spans sessions; Tune results do not travel): with nothing under a fresh
     # --out, the report is rewritten from the committed findings.json, its finished findings kept.
     elsewhere = tmp_path / "elsewhere"
@@ -193,6 +222,69 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
         )
         == []
     )
+
+
+def test_a_rerun_arm_is_compared_with_the_committed_one_seed_by_seed():
+    from rllib_search.recipes import findings_check
+
+    committed = {"status": "run", "per_seed_em": {"0": 0.40, "1": 0.30, "2": 0.50}}
+
+    def rerun(**per_seed):
+        return {
+            "status": "run",
+            "seeds": [int(s[1:]) for s in per_seed],
+            "questions_per_seed": 100,
+            "per_seed_em": {s[1:]: em for s, em in per_seed.items()},
+        }
+
+    same = findings_check.compare_arm(committed, rerun(s0=0.40, s2=0.50))
+    assert same["verdict"] == "the same EM at every seed" and same["seeds"] == [0, 2]
+    assert same["committed_em"] == pytest.approx(0.45) and same["difference"]["value"] == pytest.approx(0.0)
+    near = findings_check.compare_arm(committed, rerun(s0=0.36))
+    assert near["verdict"] == "within the interval" and near["difference"]["value"] == pytest.approx(-0.04)
+    # 0.40 against 0.20 over 100 answers each: 1.96 x sqrt((0.24 + 0.16) / 100) = 0.124 either side.
+    far = findings_check.compare_arm(committed, rerun(s0=0.20))
+    assert far["verdict"] == "differs"
+    assert far["difference"]["high"] == pytest.approx(-0.20 + 0.124, abs=1e-3)
+    assert findings_check.compare_arm(committed, rerun(s5=0.4))["status"] == "no common seed"
+    assert (
+        findings_check.compare_arm({"status": "not yet run"}, rerun(s0=0.4))["status"] == "nothing committed"
+    )
+    # Other settings are another experiment: no comparison.
+    settings = {
+        "scale": "embedded",
+        "model": "m",
+        "world_seed": 0,
+        "iterations": 10,
+        "held_out_per_hop": 50,
+        "hops": [1, 2],
+        "warm_start_steps": 8,
+        "weak_warm_start_steps": 3,
+        "max_turn_tokens": {"search_r1": 64, "r_search": 128},
+    }
+    document = {
+        "run": settings,
+        "findings": {"masking": {"status": "run", "max_turn_tokens": 64, "arms": {"masking on": committed}}},
+    }
+    arms = {"masking": ["masking on"]}
+    reruns = {"masking": {"arms": {"masking on": rerun(s0=0.40)}}}
+    (entry,) = findings_check.check(document, settings, reruns, arms)["arms"]
+    assert entry["verdict"] == "the same EM at every seed"
+    (entry,) = findings_check.check(document, {**settings, "iterations": 2}, reruns, arms)["arms"]
+    assert entry["status"] == "other settings" and "iterations" in entry["verdict"]
+    other_budget = {**settings, "max_turn_tokens": {"search_r1": 48, "r_search": 128}}
+    (entry,) = findings_check.check(document, other_budget, reruns, arms)["arms"]
+    assert entry["verdict"] == "not comparable: committed at 64 tokens"
+
+
+def test_arms_are_chosen_by_name_within_the_selected_findings():
+    runner = _findings_script()
+    masking, retrievers = study.select(["masking", "retrievers"])
+    assert runner.chosen_arms([masking], None) == {"masking": ["masking off", "masking on"]}
+    chosen = runner.chosen_arms([masking, retrievers], ["masking ON", "dense (MiniLM, Flat)"])
+    assert chosen == {"masking": ["masking on"], "retrievers": ["dense (MiniLM, Flat)"]}
+    with pytest.raises(ValueError, match="masking off"):
+        runner.chosen_arms([masking], ["masking sideways"])
 
 
 def test_each_finding_says_the_turn_budget_it_was_measured_at():

@@ -30,6 +30,11 @@ the rest); ``--smoke`` writes them under ``--out`` instead.
     python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10
     python tuned_examples/findings.py --report-only         # rewrite the report from the results so far
     python tuned_examples/findings.py --smoke --findings masking --seeds 0,1   # minutes, same code path
+
+To check the committed results, train some arms again and set them beside them, seed by seed (the
+committed report is left alone; ``rllib_search/recipes/findings_check.py`` says what carries across CPUs):
+
+    python tuned_examples/findings.py --check --findings masking --arms "masking on" --seeds 0
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from rllib_search.recipes import findings as study
+from rllib_search.recipes import findings_check as checking
 from rllib_search.recipes import r_search_grpo, search_r1_grpo
 from rllib_search.recipes.jobs import RecipeJob, job_arguments
 from rllib_search.recipes.sweeps import fit_or_restore, restored_results
@@ -70,6 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         help="trials at once (default: one a CPU; a SmolLM2 trial holds 6-7 GB, so 24 GB fit two)",
     )
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="train the selected findings' arms again under --out (default runs/findings_check) and compare "
+        "each with the committed results in --json, seed by seed (check.md, check.json under --out); the "
+        "committed report is left as it is",
+    )
+    parser.add_argument(
+        "--arms",
+        action="append",
+        help="with --check: only this arm (its name as in the report, e.g. 'masking on'; repeat for more)",
+    )
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report from --out")
     parser.add_argument("--markdown", help="report path (default docs/findings.md; smoke: --out)")
     parser.add_argument(
@@ -81,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     args.embedded = not args.smoke  # the study's scale is the embedded default's
     size = SIZES["smoke" if args.smoke else "embedded"]
     findings = study.select(args.findings)
-    out = Path(args.out or "runs/findings").resolve()  # Tune reads results back by absolute path
+    if args.arms and not args.check:
+        parser.error("--arms chooses the arms --check trains again")
+    try:
+        arms = chosen_arms(findings, args.arms)
+    except ValueError as err:
+        parser.error(str(err))
+    findings = [finding for finding in findings if arms[finding.key]]
+    default_out = "runs/findings_check" if args.check else "runs/findings"
+    out = Path(args.out or default_out).resolve()  # Tune reads results back by absolute path
     markdown = Path(args.markdown or (out / "findings.md" if args.smoke else ROOT / "docs" / "findings.md"))
     json_path = Path(
         args.json
@@ -104,8 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         "warm_start_steps": args.warm_start_steps or size["warm_start"],
         "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
         "max_turn_tokens": turn_budgets(job),
+        "machine": machine(),
     }
     (job.out / "run.json").write_text(json.dumps(run, indent=2))
+    if args.check:
+        if not json_path.exists():
+            parser.error(f"--check compares with {json_path}, which does not exist")
+        with job:
+            train(job, findings, arms, run, seeds, args)
+        job.say("\n" + write_checked(job.out, json_path, run, findings, arms))
+        return 0
     carried = carried_over(json_path, run)
     pending = to_run(findings, carried, run, fresh=args.fresh)
     for finding in findings:
@@ -120,28 +154,93 @@ def main(argv: list[str] | None = None) -> int:
         write_report(job.out, markdown, json_path, job.say)
         return 0
     with job:
-        held_out = [
-            record
-            for hops in run["hops"]
-            for record in job.world.records("test", hops=hops)[: run["held_out_per_hop"]]
-        ]
-        context = {"served_retriever": job.retriever()}
-        if any("retrievers" in f.needs for f in pending):
-            context["retrievers"] = retriever_specs(job)
-        if any("judge" in f.needs for f in pending):
-            context["judge"] = job.judge()
-        job.say(
-            f"findings {[f.key for f in pending]}: {job.iterations} iterations x seeds {list(seeds)} per "
-            f"arm, {len(held_out)} held-out questions"
-        )
-        for finding in pending:
-            base = base_recipe(job, finding, run, context, args)
-            for arm in finding.arms:
-                config = study.arm_config(base, arm, context)
-                config = config.held_out(dataset=held_out, interval=job.iterations, answers=True)
-                run_arm(job, finding, arm, config, seeds, args, run["max_turn_tokens"][finding.base])
+        train(job, pending, arms, run, seeds, args)
         write_report(job.out, markdown, json_path, job.say)
     return 0
+
+
+def chosen_arms(findings: list[study.Finding], names: list[str] | None) -> dict[str, list[str]]:
+    """Finding key -> the names of its arms to train: every arm without ``names``, else those named
+    (case-insensitive); a name no selected finding has is an error that lists the ones it has."""
+    if not names:
+        return {finding.key: [arm.name for arm in finding.arms] for finding in findings}
+    wanted = {name.strip().lower() for name in names}
+    chosen = {
+        finding.key: [arm.name for arm in finding.arms if arm.name.lower() in wanted] for finding in findings
+    }
+    found = {name.lower() for arms in chosen.values() for name in arms}
+    if wanted - found:
+        known = [f"{finding.key}: {arm.name!r}" for finding in findings for arm in finding.arms]
+        raise ValueError(f"no arm named {sorted(wanted - found)} in the selected findings; they have {known}")
+    return chosen
+
+
+def machine() -> dict[str, Any]:
+    """The CPU, threads and torch a run's results come from (the findings' recipes train in fp32)."""
+    import torch
+
+    from rllib_search.llm.models import cpu_description
+
+    return {**cpu_description(), "precision": "fp32", "torch": torch.__version__}
+
+
+def train(
+    job: RecipeJob,
+    findings: list[study.Finding],
+    arms: dict[str, list[str]],
+    run: dict[str, Any],
+    seeds: Any,
+    args: Any,
+) -> None:
+    """Train ``arms`` of ``findings`` (each finding's from its shared warm start) inside a started job."""
+    held_out = [
+        record
+        for hops in run["hops"]
+        for record in job.world.records("test", hops=hops)[: run["held_out_per_hop"]]
+    ]
+    context = {"served_retriever": job.retriever()}
+    if any("retrievers" in f.needs for f in findings):
+        context["retrievers"] = retriever_specs(job)
+    if any("judge" in f.needs for f in findings):
+        context["judge"] = job.judge()
+    job.say(
+        f"findings {[f.key for f in findings]}: {job.iterations} iterations x seeds {list(seeds)} per "
+        f"arm, {len(held_out)} held-out questions"
+    )
+    for finding in findings:
+        base = base_recipe(job, finding, run, context, args)
+        for arm in finding.arms:
+            if arm.name not in arms[finding.key]:
+                continue
+            config = study.arm_config(base, arm, context)
+            config = config.held_out(dataset=held_out, interval=job.iterations, answers=True)
+            run_arm(job, finding, arm, config, seeds, args, run["max_turn_tokens"][finding.base])
+
+
+def write_checked(
+    out: Path, json_path: Path, run: dict[str, Any], findings: list[study.Finding], arms: dict[str, list[str]]
+) -> str:
+    """``--check``'s report: the re-run arms under ``out`` against the committed ``json_path``, written to
+    ``out``/check.md and check.json; returns the table."""
+    reruns = {}
+    for finding in findings:
+        experiments = analysed_experiments(out, finding, run["max_turn_tokens"][finding.base])
+        if experiments:
+            reruns[finding.key] = study.analyse(finding, experiments)
+    document = checking.check(json.loads(json_path.read_text()), run, reruns, arms)
+    return checking.write_check(document, out / "check.md", out / "check.json")
+
+
+def analysed_experiments(out: Path, finding: study.Finding, budget: int) -> dict[str, list[dict[str, Any]]]:
+    """Arm name -> its trials' records, for each arm of ``finding`` with a Tune experiment under ``out``
+    at the turn budget ``budget``."""
+    trials = {}
+    for arm in finding.arms:
+        experiment = out / "tune" / study.experiment_name(finding, arm, budget)
+        grid = restored_results(study.trainable(arm), experiment)
+        if grid is not None:
+            trials[arm.name] = [study.trial_record(result) for result in grid]
+    return trials
 
 
 def turn_budgets(job: RecipeJob) -> dict[str, int]:
@@ -284,14 +383,12 @@ def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
     budgets = run.get("max_turn_tokens", study.EARLIER_TURN_BUDGETS)
     for finding in study.FINDINGS:
         budget = budgets[finding.base]
-        trials = {}
-        for arm in finding.arms:
-            experiment = out / "tune" / study.experiment_name(finding, arm, budget)
-            grid = restored_results(study.trainable(arm), experiment)
-            if grid is not None:
-                trials[arm.name] = [study.trial_record(result) for result in grid]
+        trials = analysed_experiments(out, finding, budget)
         if trials and len(trials) >= arms_run(results.get(finding.key)):
-            results[finding.key] = {**study.analyse(finding, trials), "max_turn_tokens": budget}
+            analysis = {**study.analyse(finding, trials), "max_turn_tokens": budget}
+            if "machine" in run:  # where the arms under ``out`` ran (runs before this recorded none)
+                analysis["machine"] = run["machine"]
+            results[finding.key] = analysis
     study.report(run, results, markdown, json_path)
     say(f"wrote {markdown} and {json_path}")
 
