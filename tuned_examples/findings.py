@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     findings = [finding for finding in findings if arms[finding.key]]
     default_out = "runs/findings_check" if args.check else "runs/findings"
     out = Path(args.out or default_out).resolve()  # Tune reads results back by absolute path
+    args.out = str(out)  # the job's folder too
     markdown = Path(args.markdown or (out / "findings.md" if args.smoke else ROOT / "docs" / "findings.md"))
     json_path = Path(
         args.json

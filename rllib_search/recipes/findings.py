@@ -529,6 +529,22 @@ def turn_budgets_text(results: dict[str, dict[str, Any]]) -> str:
     return "; ".join(f"{budget} ({', '.join(titles)})" for budget, titles in by_budget.items()) or "—"
 
 
+def machines_text(results: dict[str, dict[str, Any]]) -> str:
+    """'<CPU line> (Retrieved-token masking); not recorded (RL algorithm)': the machine each finding ran
+    on, as its analysis records it (findings analysed before machines were recorded have none)."""
+    from rllib_search.llm.models import describe_cpu
+
+    by_machine: dict[str, list[str]] = {}
+    for finding in FINDINGS:
+        analysis = results.get(finding.key)
+        if analysis is None or analysis.get("status") == "not yet run":
+            continue
+        machine = analysis.get("machine")
+        line = f"{describe_cpu(machine)}, torch {machine.get('torch', '?')}" if machine else "not recorded"
+        by_machine.setdefault(line, []).append(finding.title)
+    return "; ".join(f"{line} ({', '.join(titles)})" for line, titles in by_machine.items()) or "—"
+
+
 def report(
     run: dict[str, Any], results: dict[str, dict[str, Any]], markdown: Path, json_path: Path
 ) -> dict[str, Any]:
@@ -555,6 +571,7 @@ def report(
         f"held-out {run.get('held_out_per_hop', '—')} questions per hop count {run.get('hops', '—')}",
         "- turn budget (tokens a turn may generate) the findings were measured at: "
         f"{turn_budgets_text(results)}",
+        f"- machine (fp32 on the CPU; `--check` re-runs arms elsewhere): {machines_text(results)}",
         "- EM: held-out exact match pooled over seeds, 95% bootstrap interval over (seed, question); ΔEM: "
         "the paired per-question difference (arm minus the one it is compared with), 95% bootstrap interval. "
         'Reproduced: yes / no / inconclusive (interval covers 0); for a paper\'s "no difference", yes when '
