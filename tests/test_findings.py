@@ -138,7 +138,7 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     # The findings record where they ran: the CPU, its threads, fp32 and torch.
     assert masking["machine"]["precision"] == "fp32" and masking["machine"]["cores"] >= 1
     assert "torch" in masking["machine"] and document["run"]["machine"] == masking["machine"]
-    assert f"torch {masking['machine']['torch']} (Retrieved-token masking)" in table
+    assert f"fp32, torch {masking['machine']['torch']} (Retrieved-token masking)" in table
 
     # --check trains one arm again, seed 0 only, elsewhere, and sets it beside the committed results seed by
     # seed, leaving the committed report as it was: on one machine seeded training gives the same answers.

@@ -335,19 +335,6 @@ def run_arm(
     )
 
 
-RUN_SETTINGS = (  # a finding's results carry over between machines only when all of these match
-    "scale",
-    "model",
-    "world_seed",
-    "iterations",
-    "seeds",
-    "held_out_per_hop",
-    "hops",
-    "warm_start_steps",
-    "weak_warm_start_steps",
-)
-
-
 def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The findings an earlier run (on this machine or another: the study spans sessions, and its Tune
     results under ``--out`` do not travel) analysed in ``json_path`` with the same run settings: finding key
@@ -356,7 +343,7 @@ def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, An
     if not json_path.exists():
         return {}
     earlier = json.loads(json_path.read_text())
-    if any(earlier.get("run", {}).get(key) != run.get(key) for key in RUN_SETTINGS):
+    if any(earlier.get("run", {}).get(key) != run.get(key) for key in study.RUN_SETTINGS):
         return {}
     return {
         finding.key: {**analysis, "max_turn_tokens": study.measured_turn_budget(finding, analysis)}

@@ -529,18 +529,37 @@ def turn_budgets_text(results: dict[str, dict[str, Any]]) -> str:
     return "; ".join(f"{budget} ({', '.join(titles)})" for budget, titles in by_budget.items()) or "—"
 
 
+#: A finding's results carry over between runs (and machines) only when all of these match.
+RUN_SETTINGS = (
+    "scale",
+    "model",
+    "world_seed",
+    "iterations",
+    "seeds",
+    "held_out_per_hop",
+    "hops",
+    "warm_start_steps",
+    "weak_warm_start_steps",
+)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """One line of a run's recorded machine (``tuned_examples/findings.py``'s ``machine()``)."""
+    from rllib_search.llm.models import describe_cpu
+
+    return f"{describe_cpu(machine)}, {machine.get('precision', 'fp32')}, torch {machine.get('torch', '?')}"
+
+
 def machines_text(results: dict[str, dict[str, Any]]) -> str:
     """'<CPU line> (Retrieved-token masking); not recorded (RL algorithm)': the machine each finding ran
     on, as its analysis records it (findings analysed before machines were recorded have none)."""
-    from rllib_search.llm.models import describe_cpu
-
     by_machine: dict[str, list[str]] = {}
     for finding in FINDINGS:
         analysis = results.get(finding.key)
         if analysis is None or analysis.get("status") == "not yet run":
             continue
         machine = analysis.get("machine")
-        line = f"{describe_cpu(machine)}, torch {machine.get('torch', '?')}" if machine else "not recorded"
+        line = machine_line(machine) if machine else "not recorded"
         by_machine.setdefault(line, []).append(finding.title)
     return "; ".join(f"{line} ({', '.join(titles)})" for line, titles in by_machine.items()) or "—"
 

@@ -20,20 +20,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rllib_search.recipes.findings import FINDINGS, Finding, measured_turn_budget
+from rllib_search.recipes.findings import FINDINGS, RUN_SETTINGS, Finding, machine_line, measured_turn_budget
 
 Z95 = 1.959964
-#: The run settings a re-run must share with the committed one for its arms to be the same experiment.
-COMPARED_SETTINGS = (
-    "scale",
-    "model",
-    "world_seed",
-    "iterations",
-    "held_out_per_hop",
-    "hops",
-    "warm_start_steps",
-    "weak_warm_start_steps",
-)
+#: The run settings a re-run must share with the committed one for its arms to be the same experiment
+#: (any of the committed seeds may be re-run).
+COMPARED_SETTINGS = tuple(key for key in RUN_SETTINGS if key != "seeds")
 
 
 def compare_arm(committed: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +90,9 @@ def check(
     mismatch = mismatched_settings(committed_run, rerun_run)
     entries = []
     for finding in FINDINGS:
+        analysis = committed.get("findings", {}).get(finding.key, {})
+        budget = _budget(finding, analysis)
         for name in arms.get(finding.key, []):
-            analysis = committed.get("findings", {}).get(finding.key, {})
             entry: dict[str, Any] = {
                 "finding": finding.key,
                 "title": finding.title,
@@ -107,7 +100,6 @@ def check(
                 "committed_machine": analysis.get("machine"),  # recorded since stop 74
             }
             rerun = reruns.get(finding.key, {}).get("arms", {}).get(name, {"status": "not yet run"})
-            budget = _budget(finding, analysis)
             if rerun.get("status") != "run":
                 entry.update(status="not run", verdict="the re-run has no results")
             elif mismatch:
@@ -135,14 +127,14 @@ def write_check(document: dict[str, Any], markdown: Path, json_path: Path) -> st
     rerun, entries = document["rerun"], document["arms"]
     machine = rerun.get("machine", {})
     committed_on = sorted(
-        {_machine(e["committed_machine"]) if e["committed_machine"] else "not recorded" for e in entries}
+        {machine_line(e["committed_machine"]) if e["committed_machine"] else "not recorded" for e in entries}
     )
     lines = [
         "# Findings checked by training arms again",
         "",
         f"- committed results: generated {document['committed'].get('generated', '—')}; measured on: "
         f"{'; '.join(committed_on) or '—'}",
-        f"- re-run here: {_machine(machine) if machine else '—'}; seeds {rerun.get('seeds')}, "
+        f"- re-run here: {machine_line(machine) if machine else '—'}; seeds {rerun.get('seeds')}, "
         f"{rerun.get('iterations')} iterations, {rerun.get('held_out_per_hop')} held-out questions per hop",
         "- difference: re-run minus committed pooled EM over the re-run seeds, 95% interval of two "
         "independent proportions (findings.json keeps each seed's EM, not its answers)",
@@ -169,9 +161,3 @@ def write_check(document: dict[str, Any], markdown: Path, json_path: Path) -> st
     markdown.write_text(table)
     json_path.write_text(json.dumps(document, indent=2) + "\n")
     return table
-
-
-def _machine(machine: dict[str, Any]) -> str:
-    from rllib_search.llm.models import describe_cpu
-
-    return f"{describe_cpu(machine)}, {machine.get('precision', 'fp32')}, torch {machine.get('torch', '?')}"
