@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 
 from rllib_search.llm.models import (
     apply_lora,
     cache_dir,
+    cpu_description,
+    cpu_times,
+    describe_cpu,
     load_causal_lm,
     lora_state_dict,
     matmul_gflops,
     merged_state_dict,
+    steal_share,
     train_top_layers,
 )
 from rllib_search.llm.tiny import build_tiny_causal_lm
@@ -128,10 +135,37 @@ def test_matmul_speed_is_the_products_flops_over_its_best_time(dtype, monkeypatc
     2 ms for every product, (2 x 64 x 32 x 16) FLOPs / 2 ms."""
     measured = matmul_gflops(dtype, shape=(64, 32, 16), repeats=3)
     assert 0.0 < measured < 1e6
-    import time
 
     ticks = iter(range(0, 100, 2))
     monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1000)
     assert matmul_gflops(dtype, shape=(64, 32, 16), repeats=3) == pytest.approx(
         2 * 64 * 32 * 16 / 0.002 / 1e9
     )
+
+
+def test_the_cpu_is_named_with_its_family_where_the_kernel_reports_it():
+    """A hypervisor may call every EPYC "AMD EPYC"; the family and model numbers tell Zen 2 from Zen 5.
+    Descriptions recorded before they were (stop 75) still read as one line."""
+    here = cpu_description()
+    assert here["cpu"] and here["cores"] >= 1
+    if os.path.exists("/proc/cpuinfo"):
+        assert isinstance(here["cpu_family"], int) and isinstance(here["cpu_model"], int)
+    older = {k: v for k, v in here.items() if k not in ("cpu_family", "cpu_model")}
+    named = {**older, "cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2, "vector_unit": "AVX512"}
+    assert describe_cpu(named).startswith("AMD EPYC (family 26 model 2), ")
+    assert describe_cpu({**older, "cpu": "AMD EPYC"}).startswith("AMD EPYC, ")
+
+
+def test_steal_share_is_the_hypervisors_part_of_the_cpu_time_between_two_readings():
+    """Read from /proc/stat's ticks: the stolen ticks over all ticks between the readings."""
+    start = cpu_times()
+    if start is None:
+        pytest.skip("no /proc/stat on this system")
+    time.sleep(0.05)  # a clock tick or more between the readings
+    end = cpu_times()
+    assert end["total"] >= start["total"] and end["steal"] >= start["steal"]
+    share = steal_share(start, end)
+    assert share is None or 0.0 <= share <= 1.0
+    assert steal_share({"total": 1000, "steal": 10}, {"total": 1400, "steal": 30}) == pytest.approx(0.05)
+    assert steal_share({"total": 1000, "steal": 10}, {"total": 1000, "steal": 10}) is None
+    assert steal_share(None, end) is None

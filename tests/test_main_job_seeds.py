@@ -116,7 +116,9 @@ def test_rows_record_the_machine_their_run_measured():
     assert here["cores"] >= 1 and here["torch_threads"] >= 1 and isinstance(here["native_bf16"], bool)
     assert here["vector_unit"] and here["cpu"]
     other = {**here, "cpu": "Another CPU", "vector_unit": "AVX512", "native_bf16": True}
+    other |= {"cpu_family": 6, "cpu_model": 143}  # recorded since stop 75
     other |= {"matmul_gflops_start": 66.2, "matmul_gflops_end": 33.4}  # measured since stop 71
+    shared = {**other, "cpu_steal_share": 0.0041}  # since stop 75: the hypervisor's share of the run
     base = {
         **_summary(0.30, [0.16, 0.44], 0.0, [-0.04, 0.04]),
         "em": {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.4}},
@@ -125,11 +127,13 @@ def test_rows_record_the_machine_their_run_measured():
     }
     rows = [
         seeds.seed_row(seed, {**base, "machine": machine})
-        for seed, machine in ((0, here), (1, other), (2, here))
+        for seed, machine in ((0, here), (1, other), (2, here), (3, shared))
     ]
     assert rows[1]["machine"] == other
     table = seeds.markdown(seeds.report(rows, []))
-    assert f"{describe_cpu(here)} (seeds 0, 2); Another CPU, " in table
-    assert "AVX512, bf16 native (seeds 1)." in table
-    # The seconds beside the machine's product speed at the run's start and end, where it was measured.
+    assert f"{describe_cpu(here)} (seeds 0, 2); Another CPU (family 6 model 143), " in table
+    assert "AVX512, bf16 native (seeds 1, 3)." in table
+    # The seconds beside the machine's product speed at the run's start and end, where it was measured,
+    # and the share of the run's CPU time the hypervisor took, where that was.
     assert "| 812 (66 -> 33 GFLOP/s) | meets |" in table and table.count("| 812 | meets |") == 2
+    assert "| 812 (66 -> 33 GFLOP/s, 0.4% stolen) | meets |" in table

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_search.llm.models import cpu_has_native_bf16
+from rllib_search.llm.models import cpu_has_native_bf16, describe_cpu
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -143,11 +143,16 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert row["rl_gain_2hop"] == summary["rl_gain_2hop"] and row["em"] == summary["em"]
     assert row["meets_goal"] == (not row["why_not"]) and document["passes"] == int(row["meets_goal"])
     assert row["kept_iteration"] == validation["kept_iteration"]
-    assert row["machine"] == summary["machine"] and f"machine: {summary['machine']['cpu']}, " in done.stdout
-    # The machine's product speed, measured at the start and the end, beside the run's seconds.
+    assert row["machine"] == summary["machine"]
+    assert f"machine: {describe_cpu(summary['machine'])}\n" in done.stdout
+    # The machine's product speed, measured at the start and the end, and the hypervisor's share of the
+    # run's CPU time beside the run's seconds.
     speeds = [summary["machine"][f"matmul_gflops_{when}"] for when in ("start", "end")]
     assert all(speed > 0 for speed in speeds) and f"({speeds[0]:.0f} at the start)" in done.stdout
-    assert f"({speeds[0]:.0f} -> {speeds[1]:.0f} GFLOP/s) |" in (sweep / "seeds.md").read_text()
+    steal = summary["machine"]["cpu_steal_share"]
+    assert steal is None or 0.0 <= steal <= 1.0
+    stolen = "" if steal is None else f", {steal:.1%} stolen"
+    assert f"({speeds[0]:.0f} -> {speeds[1]:.0f} GFLOP/s{stolen}) |" in (sweep / "seeds.md").read_text()
     assert "| 0 |" in (sweep / "seeds.md").read_text() and (sweep / "seeds.png").stat().st_size > 0
     assert "[1/1 seeds, " in done.stdout and "[seed 0] " in done.stdout
     # Run again with the same flags: the seed is read back, not run.

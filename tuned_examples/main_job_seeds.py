@@ -132,11 +132,14 @@ def report(
 
 
 def machine_speed(machine: dict[str, Any] | None) -> str:
-    """`` (66 -> 64 GFLOP/s)``: the machine's product speed at a run's start and end, where the run
-    measured it (runs before stop 71 did not), since a shared machine's speed varies by 2x between days."""
+    """`` (66 -> 64 GFLOP/s, 0.4% stolen)``: the machine's product speed at a run's start and end and the
+    share of its CPU time the hypervisor took, where the run measured them (runs before stop 71 did
+    neither, before stop 75 no steal), since a shared machine's speed varies by 2x between days."""
     if not machine or "matmul_gflops_start" not in machine:
         return ""
-    return f" ({machine['matmul_gflops_start']:.0f} -> {machine['matmul_gflops_end']:.0f} GFLOP/s)"
+    steal = machine.get("cpu_steal_share")
+    stolen = f", {steal:.1%} stolen" if steal is not None else ""
+    return f" ({machine['matmul_gflops_start']:.0f} -> {machine['matmul_gflops_end']:.0f} GFLOP/s{stolen})"
 
 
 def markdown(document: dict[str, Any]) -> str:

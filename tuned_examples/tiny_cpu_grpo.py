@@ -565,11 +565,13 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir,
         cpu_description,
         cpu_has_native_bf16,
+        cpu_times,
         describe_cpu,
         load_causal_lm,
         load_tokenizer,
         matmul_gflops,
         resolve_model_path,
+        steal_share,
     )
     from rllib_search.recipes import embedded
     from rllib_search.recipes.jobs import connect
@@ -600,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = cpu_description()
     say(f"machine: {describe_cpu(machine)}")
+    cpu_times_start = cpu_times()  # the hypervisor's share of the run's CPU time, read again at the end
     if args.bf16 and not cpu_has_native_bf16():
         say(
             "--bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated here, expect a slower run than fp32"
@@ -1033,9 +1036,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # 5. Report: the table, RL's gain over the warm start on the same questions (paired bootstrap).
     machine["matmul_gflops_end"] = round(matmul_gflops(product_dtype), 1)
+    machine["cpu_steal_share"] = steal_share(cpu_times_start, cpu_times())
     say(
         f"machine speed: {machine['matmul_gflops_end']:.0f} GFLOP/s at the end "
         f"({machine['matmul_gflops_start']:.0f} at the start)"
+        + (
+            f"; the hypervisor took {machine['cpu_steal_share']:.1%} of the CPUs' time during the run"
+            if machine["cpu_steal_share"] is not None
+            else ""
+        )
     )
     gain = paired_gain(flat(table[-2]), flat(table[-1]), golds, groups, seed=args.seed)
     rl_gain = {f"{hops}hop": gain.groups[str(hops)]["em"] for hops in held_out}

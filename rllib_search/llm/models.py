@@ -101,21 +101,27 @@ def cpu_has_native_bf16() -> bool:
 
 def cpu_description() -> dict[str, Any]:
     """The CPU a run's times depend on (a CPU run takes about 3x longer on an AVX2 EPYC than on an Intel
-    CPU with AVX-512, docs/main_job.md stop 51): its model name, the cores this process may use, torch's
-    threads, the vector instructions torch's kernels use and whether bf16 is native."""
+    CPU with AVX-512, docs/main_job.md stop 51): its model name, family and model numbers (a hypervisor
+    may name every EPYC "AMD EPYC"; family 23 is Zen 1-2, 25 Zen 3-4, 26 Zen 5), the cores this process
+    may use, torch's threads, the vector instructions torch's kernels use and whether bf16 is native."""
     import torch
 
-    name = platform.processor() or platform.machine()
+    fields = {"model name": platform.processor() or platform.machine()}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            name = next(
-                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), name
-            )
+            for line in cpuinfo:
+                if not line.strip():  # the first processor's block is enough: a VM's CPUs are alike
+                    break
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "cpu family", "model"):
+                    fields[key.strip()] = value.strip()
     except OSError:  # not Linux
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cpu": name,
+        "cpu": fields["model name"],
+        "cpu_family": int(fields["cpu family"]) if fields.get("cpu family", "").isdigit() else None,
+        "cpu_model": int(fields["model"]) if fields.get("model", "").isdigit() else None,
         "cores": cores,
         "torch_threads": torch.get_num_threads(),
         "vector_unit": torch.backends.cpu.get_cpu_capability(),
@@ -124,13 +130,41 @@ def cpu_description() -> dict[str, Any]:
 
 
 def describe_cpu(description: dict[str, Any]) -> str:
-    """One line of :func:`cpu_description`, e.g. ``AMD EPYC, 2 cores (2 torch threads), AVX2, bf16
-    emulated``."""
+    """One line of :func:`cpu_description`, e.g. ``AMD EPYC (family 25 model 1), 2 cores (2 torch
+    threads), AVX2, bf16 emulated``; descriptions recorded before the family was give none."""
     bf16 = "bf16 native" if description["native_bf16"] else "bf16 emulated"
+    family = ""
+    if description.get("cpu_family") is not None:
+        family = f" (family {description['cpu_family']} model {description.get('cpu_model')})"
     return (
-        f"{description['cpu']}, {description['cores']} cores ({description['torch_threads']} torch threads), "
-        f"{description['vector_unit']}, {bf16}"
+        f"{description['cpu']}{family}, {description['cores']} cores "
+        f"({description['torch_threads']} torch threads), {description['vector_unit']}, {bf16}"
     )
+
+
+def cpu_times() -> dict[str, int] | None:
+    """This machine's CPU time since boot in clock ticks, summed over its CPUs (``/proc/stat``'s first
+    line): ``total`` and ``steal``, the time a hypervisor ran something else while this VM's CPUs had
+    work; None where the kernel does not report it (not Linux)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(value) for value in fields[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is already in user.
+    return {"total": sum(ticks[:8]), "steal": ticks[7]}
+
+
+def steal_share(start: dict[str, int] | None, end: dict[str, int] | None) -> float | None:
+    """The share of the CPUs' time between two :func:`cpu_times` readings that the hypervisor took
+    (0.0 on a machine of one's own): a shared host slows a run's every stage without any product probe
+    seeing it (docs/main_job.md stop 74: the same run in 1263 s and 2102 s on one kind of CPU)."""
+    if not start or not end or end["total"] <= start["total"]:
+        return None
+    return (end["steal"] - start["steal"]) / (end["total"] - start["total"])
 
 
 def matmul_gflops(
