@@ -157,11 +157,11 @@ def test_the_cpu_is_named_with_its_family_where_the_kernel_reports_it():
 
 
 def test_steal_share_is_the_hypervisors_part_of_the_cpu_time_between_two_readings():
-    """Read from /proc/stat's ticks: the stolen ticks over all ticks between the readings."""
+    """Read from the system's CPU times: the stolen time over all the CPU time between the readings."""
     start = cpu_times()
     if start is None:
-        pytest.skip("no /proc/stat on this system")
-    time.sleep(0.05)  # a clock tick or more between the readings
+        pytest.skip("this system reports no steal time")
+    time.sleep(0.05)  # a clock tick (10 ms) or more between the readings
     end = cpu_times()
     assert end["total"] >= start["total"] and end["steal"] >= start["steal"]
     share = steal_share(start, end)

@@ -142,23 +142,21 @@ def describe_cpu(description: dict[str, Any]) -> str:
     )
 
 
-def cpu_times() -> dict[str, int] | None:
-    """This machine's CPU time since boot in clock ticks, summed over its CPUs (``/proc/stat``'s first
-    line): ``total`` and ``steal``, the time a hypervisor ran something else while this VM's CPUs had
-    work; None where the kernel does not report it (not Linux)."""
-    try:
-        with open("/proc/stat", encoding="utf-8") as stat:
-            fields = stat.readline().split()
-    except OSError:
+def cpu_times() -> dict[str, float] | None:
+    """This machine's CPU time since boot in seconds, summed over its CPUs (psutil's reading of
+    ``/proc/stat``): ``total`` and ``steal``, the time a hypervisor ran something else while this VM's
+    CPUs had work; None where the system does not report steal (psutil has it on Linux only)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    if not hasattr(times, "steal"):
         return None
-    if len(fields) < 9 or fields[0] != "cpu":
-        return None
-    ticks = [int(value) for value in fields[1:]]
-    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is already in user.
-    return {"total": sum(ticks[:8]), "steal": ticks[7]}
+    # guest and guest_nice are already counted in user and nice, so they are left out of the total.
+    total = sum(value for name, value in times._asdict().items() if name not in ("guest", "guest_nice"))
+    return {"total": total, "steal": times.steal}
 
 
-def steal_share(start: dict[str, int] | None, end: dict[str, int] | None) -> float | None:
+def steal_share(start: dict[str, float] | None, end: dict[str, float] | None) -> float | None:
     """The share of the CPUs' time between two :func:`cpu_times` readings that the hypervisor took
     (0.0 on a machine of one's own): a shared host slows a run's every stage without any product probe
     seeing it (docs/main_job.md stop 74: the same run in 1263 s and 2102 s on one kind of CPU)."""
