@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
 from rllib_search.llm.models import (
+    _move_into_place,
     apply_lora,
     cache_dir,
     cpu_description,
@@ -127,6 +130,40 @@ def test_bundled_smollm2_converts_once_then_loads_from_cache():
     assert model.config.vocab_size == len(tokenizer) == 49152
     assert not hasattr(model.config, "quantization_config")
     assert 130e6 < sum(param.numel() for param in model.parameters()) < 140e6
+
+
+@pytest.mark.slow
+def test_processes_converting_the_bundled_tokenizer_at_once_all_get_it(tmp_path):
+    """Parallel test workers (and a sweep's trials) on a fresh machine convert the same bundled file at
+    once: every process gets the tokenizer, one copy is left, and no staging directory."""
+    code = (
+        "from rllib_search.llm.models import load_tokenizer;"
+        "print(len(load_tokenizer('smollm2-135m-instruct')))"
+    )
+    env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path)}
+    workers = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    assert [worker.communicate(timeout=300)[0].strip() for worker in workers] == ["49152"] * 3
+    assert [worker.returncode for worker in workers] == [0, 0, 0]
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == ["smollm2-135m-instruct"]
+
+
+def test_a_losing_conversion_discards_its_copy_and_a_broken_one_raises(tmp_path):
+    cached = tmp_path / "model"
+    cached.mkdir()
+    (cached / "config.json").write_text("{}")
+    staged = tmp_path / "model.tmp1"
+    staged.mkdir()
+    (staged / "config.json").write_text('{"staged": true}')
+    _move_into_place(staged, cached, complete="config.json")  # the winner's copy stays
+    assert not staged.exists() and (cached / "config.json").read_text() == "{}"
+    (cached / "config.json").unlink()
+    (cached / "partial").write_text("")  # a directory in the way that is not a finished copy
+    staged.mkdir()
+    with pytest.raises(OSError):
+        _move_into_place(staged, cached, complete="config.json")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -72,12 +72,10 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
         return AutoTokenizer.from_pretrained(cached, **kwargs)
     gguf = bundled.gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, **kwargs)
-    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{bundled.alias}.tmp", dir=cached.parent))
     tokenizer.save_pretrained(tmp)
-    if cached.exists():  # another process converted it meanwhile
-        shutil.rmtree(tmp)
-    else:
-        tmp.replace(cached)
+    _move_into_place(tmp, cached, complete="tokenizer_config.json")
     return tokenizer
 
 
@@ -253,13 +251,20 @@ def _converted_copy(bundled: BundledModel) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f"{bundled.alias}.tmp", dir=cached.parent))
     model.save_pretrained(tmp)
     load_tokenizer(bundled.alias).save_pretrained(tmp)
-    try:
-        tmp.replace(cached)
-    except OSError:
-        if not (cached / "config.json").exists():
-            raise
-        shutil.rmtree(tmp)
+    _move_into_place(tmp, cached, complete="config.json")
     return cached
+
+
+def _move_into_place(staged: Path, cached: Path, *, complete: str) -> None:
+    """Rename the fully written ``staged`` directory to ``cached``. Processes that convert at once (parallel
+    test workers, a sweep's trials on a fresh machine) race here: the loser, whose rename fails because the
+    winner's copy (which holds ``complete``) is in place, discards its own."""
+    try:
+        staged.replace(cached)
+    except OSError:
+        if not (cached / complete).exists():
+            raise
+        shutil.rmtree(staged)
 
 
 def train_top_layers(model: Any, count: int) -> Any:
