@@ -137,3 +137,69 @@ def test_rows_record_the_machine_their_run_measured():
     # and the share of the run's CPU time the hypervisor took, where that was.
     assert "| 812 (66 -> 33 GFLOP/s) | meets |" in table and table.count("| 812 | meets |") == 2
     assert "| 812 (66 -> 33 GFLOP/s, 0.4% stolen) | meets |" in table
+
+
+def _reading_row(iteration, correct, gain_2hop, gain_1hop, held_out=True):
+    """One GRPO iteration's row as the main job writes it with --rl-validate-at and
+    --rl-validation-held-out (gains as value, low, high)."""
+    row = {"iteration": iteration, "validation": {"iteration": iteration, "correct": correct}}
+    if held_out:
+        gain = {
+            "2hop": dict(zip(("value", "low", "high"), gain_2hop)),
+            "1hop": dict(zip(("value", "low", "high"), gain_1hop)),
+        }
+        row["held_out"] = {"em_1hop": 0.9, "em_2hop": 0.4, "gain": gain}
+    return row
+
+
+def test_reading_schedules_are_scored_by_the_jobs_rule_on_the_runs_held_out_readings():
+    """--score-readings: each schedule keeps what the job's rule (most right, latest on a tie) keeps among
+    its readings, and is judged on that iteration's held-out gains; a run without a reading's held-out
+    evaluation cannot tell."""
+    seeds = _script()
+    assert seeds.reading_schedule("8, 4,6") == (4, 6, 8)
+    for bad in ("", "0,4", "4,x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seeds.reading_schedule(bad)
+    grpo = [
+        {"iteration": 1},  # not read
+        _reading_row(2, 25, (0.16, 0.04, 0.30), (0.0, 0.0, 0.0)),
+        _reading_row(3, 27, (0.30, 0.16, 0.44), (-0.10, -0.20, -0.02)),
+        _reading_row(4, 27, (0.36, 0.22, 0.50), (0.0, -0.04, 0.04)),
+        _reading_row(5, 30, (0.50, 0.36, 0.64), (0.0, 0.0, 0.0), held_out=False),
+    ]
+    summary = {
+        **_summary(0.36, [0.22, 0.50], 0.0, [-0.04, 0.04]),
+        "em": {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.46}},
+        "searches_per_episode": {"after warm start": {"2hop": 1.0}, "after RL": {"2hop": 1.8}},
+        "rl_validation": {"kept_iteration": 4},
+        "seconds": 600.0,
+        "grpo": grpo,
+    }
+    outcome = seeds.scheduled_outcome
+    assert outcome(summary, (2,))["kept_iteration"] == 2
+    fails = outcome(summary, (2,))
+    assert not fails["meets_goal"] and fails["why_not"] == ["2-hop gain +0.16 is below +0.20"]
+    one_hop_loss = outcome(summary, (2, 3))  # 3 has more right answers: kept, and its 1-hop fell
+    assert one_hop_loss["kept_iteration"] == 3 and not one_hop_loss["meets_goal"]
+    assert one_hop_loss["rl_gain_1hop_interval"] == [-0.20, -0.02]
+    tied = outcome(summary, (2, 3, 4))  # 3 and 4 tie: the latest
+    assert tied["kept_iteration"] == 4 and tied["meets_goal"] and tied["rl_gain_2hop"] == 0.36
+    assert outcome(summary, (1, 2)) is None and outcome(summary, (4, 5)) is None  # 1 unread; 5 no held-out
+    assert outcome(summary, (6,)) is None  # the run stopped before
+    schedules = ((2,), (2, 3, 4), (4, 5))
+    rows = [seeds.seed_row(seed, summary, schedules) for seed in (0, 1)]
+    assert rows[0]["schedules"]["2,3,4"] == tied and rows[0]["schedules"]["4,5"] is None
+    document = seeds.report(rows, ["--rl-validation-held-out"])
+    totals = document["schedules"]
+    assert totals["2"]["passes"] == 0
+    assert totals["2,3,4"]["passes"] == 2 and totals["2,3,4"]["seeds"] == [0, 1]
+    assert totals["4,5"] == {"seeds": [], "passes": 0, "pass_rate_interval": [0.0, 1.0]}
+    assert totals["2,3,4"]["mean_rl_gain_2hop"]["value"] == pytest.approx(0.36)
+    table = seeds.markdown(document)
+    assert "| seed | `2` | `2,3,4` | `4,5` |" in table
+    assert "| 0 | 2: +0.16 [+0.04, +0.30]; +0.00 [+0.00, +0.00] fails | 4: +0.36 [+0.22, +0.50]; " in table
+    assert "+0.00 [-0.04, +0.04] **meets** | not read |" in table
+    assert "- `2,3,4`: meets the goal on 2 of 2 seeds (pass rate 95% Wilson interval [0.34, 1.00]" in table
+    assert "- `4,5`: meets the goal on 0 of 0 seeds." in table
+    assert "Reading schedules" not in seeds.markdown(seeds.report([seeds.seed_row(0, summary)], []))

@@ -45,7 +45,8 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
         *("--rl-dynamic-sampling", "2", "--rl-guidance"),
     ]
     argv = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
-    argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--", *flags]
+    argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--score-readings", "1", "1,2"]
+    argv += ["--", *flags]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -144,6 +145,15 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert row["meets_goal"] == (not row["why_not"]) and document["passes"] == int(row["meets_goal"])
     assert row["kept_iteration"] == validation["kept_iteration"]
     assert row["machine"] == summary["machine"]
+    # --score-readings 1 1,2, from the held-out readings: the run stopped after iteration 1, and the run.
+    stopped, whole = row["schedules"]["1"], row["schedules"]["1,2"]
+    assert stopped["kept_iteration"] == 1
+    assert stopped["rl_gain_2hop"] == summary["grpo"][0]["held_out"]["gain"]["2hop"]["value"]
+    assert whole["kept_iteration"] == validation["kept_iteration"]
+    assert whole["meets_goal"] == row["meets_goal"]
+    assert whole["rl_gain_2hop"] == summary["rl_gain_2hop"]
+    assert document["schedules"]["1,2"]["passes"] == document["passes"]
+    assert "| seed | `1` | `1,2` |" in (sweep / "seeds.md").read_text()
     assert f"machine: {describe_cpu(summary['machine'])}\n" in done.stdout
     # The machine's product speed, measured at the start and the end, and the hypervisor's share of the
     # run's CPU time beside the run's seconds.

@@ -18,11 +18,21 @@ flags is read back, not run again, so the sweep resumes; other flags run it agai
 
 for example ``-- --calibration-turns 1`` to measure stop 63's calibration (the plan's turn alone) over
 the seeds of docs/main_job.md.
+
+A sweep run with ``-- --rl-validation-held-out`` (the held-out questions evaluated at every validation
+reading) also scores other reading schedules on the same runs: ``--score-readings 4,6,8 4,8,12`` reports,
+per seed and in all, what the job would have kept and reported had it run
+``--rl-iterations 8 --rl-validate-at 4,6,8`` or ``--rl-iterations 12 --rl-validate-at 4,8,12``. That is
+exact, not an estimate: an iteration's questions, samples and updates do not depend on the total, and
+readings do not change the training (docs/main_job.md, stops 66 and 75), so a longer run holds every
+shorter one.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import math
 import shutil
@@ -69,8 +79,56 @@ def goal_verdict(summary: dict[str, Any]) -> tuple[bool, list[str]]:
     return not reasons, reasons
 
 
-def seed_row(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """One seed's line of the report, read from its run's ``summary.json``."""
+def reading_schedule(text: str) -> tuple[int, ...]:
+    """``--score-readings``: ``"4,8,12"`` -> ``(4, 8, 12)``, the iterations read, the last the run's end."""
+    try:
+        schedule = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--score-readings: {text!r} is not a list of iterations") from None
+    if not schedule or schedule[0] < 1:
+        raise argparse.ArgumentTypeError(f"--score-readings: {text!r} names no iteration from 1 on")
+    return schedule
+
+
+@functools.cache
+def _kept_reading() -> Any:
+    """The main job's own rule for the reading whose weights RL keeps (``tiny_cpu_grpo.kept_reading``),
+    loaded from the script by path so a schedule is scored by the rule the job runs, never a copy of it."""
+    spec = importlib.util.spec_from_file_location("tiny_cpu_grpo_rule", MAIN_JOB)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)  # the script imports only the standard library at its top
+    return module.kept_reading
+
+
+def scheduled_outcome(summary: dict[str, Any], schedule: tuple[int, ...]) -> dict[str, Any] | None:
+    """What a run would have reported had it stopped after iteration ``schedule[-1]`` with readings after
+    the iterations in ``schedule``: the iteration kept, its held-out paired gains and issue 13's verdict.
+    None when the run lacks a reading, or the held-out evaluation of one, at an iteration of ``schedule``
+    (it ran without ``--rl-validation-held-out`` or stopped earlier)."""
+    by_iteration = {row["iteration"]: row for row in summary.get("grpo", [])}
+    rows = [by_iteration.get(iteration) for iteration in schedule]
+    if any(row is None or "validation" not in row or "held_out" not in row for row in rows):
+        return None
+    kept = _kept_reading()([row["validation"] for row in rows])["iteration"]
+    gain = by_iteration[kept]["held_out"]["gain"]
+    outcome = {
+        "kept_iteration": kept,
+        "rl_gain_2hop": gain["2hop"]["value"],
+        "rl_gain_2hop_interval": [gain["2hop"]["low"], gain["2hop"]["high"]],
+        "rl_gain_1hop": gain["1hop"]["value"],
+        "rl_gain_1hop_interval": [gain["1hop"]["low"], gain["1hop"]["high"]],
+    }
+    meets, reasons = goal_verdict(outcome)
+    return {**outcome, "meets_goal": meets, "why_not": reasons}
+
+
+def seed_row(
+    seed: int, summary: dict[str, Any], schedules: tuple[tuple[int, ...], ...] = ()
+) -> dict[str, Any]:
+    """One seed's line of the report, read from its run's ``summary.json``, with what each reading
+    schedule of ``--score-readings`` would have given (None where the run cannot tell)."""
     meets, reasons = goal_verdict(summary)
     return {
         "seed": seed,
@@ -90,7 +148,13 @@ def seed_row(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
         "machine": summary.get("machine"),  # absent in runs before stop 53
         "meets_goal": meets,
         "why_not": reasons,
+        "schedules": {schedule_name(s): scheduled_outcome(summary, s) for s in schedules},
     }
+
+
+def schedule_name(schedule: tuple[int, ...]) -> str:
+    """``(4, 8, 12)`` -> ``"4,8,12"``, the key of a schedule's outcomes."""
+    return ",".join(map(str, schedule))
 
 
 def wilson_interval(passes: int, runs: int, z: float = 1.959964) -> tuple[float, float]:
@@ -128,6 +192,19 @@ def report(
     if rows:
         gains = aggregate({"rl_gain_2hop": [row["rl_gain_2hop"] for row in rows]}).pooled["rl_gain_2hop"]
         document["mean_rl_gain_2hop"] = gains.to_dict()  # bootstrap over seeds
+    document["schedules"] = {}
+    for name in rows[0].get("schedules", {}) if rows else ():
+        scored = [(row["seed"], row["schedules"][name]) for row in rows if row["schedules"][name]]
+        passes = sum(outcome["meets_goal"] for _, outcome in scored)
+        totals: dict[str, Any] = {
+            "seeds": [seed for seed, _ in scored],
+            "passes": passes,
+            "pass_rate_interval": list(wilson_interval(passes, len(scored))),
+        }
+        if scored:
+            mean = aggregate({"gain": [outcome["rl_gain_2hop"] for _, outcome in scored]}).pooled["gain"]
+            totals["mean_rl_gain_2hop"] = mean.to_dict()
+        document["schedules"][name] = totals
     return document
 
 
@@ -191,7 +268,50 @@ def markdown(document: dict[str, Any]) -> str:
             f"interval [{low:.2f}, {high:.2f}]); mean 2-hop gain {mean['value']:+.3f} "
             f"[{mean['low']:+.3f}, {mean['high']:+.3f}] (bootstrap over seeds).",
         ]
+    if document.get("schedules"):
+        lines += ["", *schedules_markdown(document)]
     return "\n".join(lines) + "\n"
+
+
+def schedules_markdown(document: dict[str, Any]) -> list[str]:
+    """``--score-readings``: per seed, the iteration each reading schedule keeps, its held-out paired gains
+    (2-hop; 1-hop) and the verdict, then each schedule's pass count."""
+    names = list(document["schedules"])
+    lines = [
+        "## Reading schedules scored on the same runs (`--score-readings`)",
+        "",
+        "A schedule `a,...,n` is the run stopped after iteration n with readings after a, ..., n: the "
+        "iteration the job's rule keeps (the most right validation answers, the latest on a tie) and the "
+        "held-out paired gains had RL kept it (2-hop; 1-hop).",
+        "",
+        "| seed | " + " | ".join(f"`{name}`" for name in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+
+    def cell(outcome: dict[str, Any] | None) -> str:
+        if outcome is None:
+            return "not read"
+        g2, g1 = outcome["rl_gain_2hop_interval"], outcome["rl_gain_1hop_interval"]
+        verdict = "**meets**" if outcome["meets_goal"] else "fails"
+        return (
+            f"{outcome['kept_iteration']}: {outcome['rl_gain_2hop']:+.2f} [{g2[0]:+.2f}, {g2[1]:+.2f}]; "
+            f"{outcome['rl_gain_1hop']:+.2f} [{g1[0]:+.2f}, {g1[1]:+.2f}] {verdict}"
+        )
+
+    for row in document["rows"]:
+        lines.append(f"| {row['seed']} | " + " | ".join(cell(row["schedules"][n]) for n in names) + " |")
+    lines.append("")
+    for name, totals in document["schedules"].items():
+        low, high = totals["pass_rate_interval"]
+        text = f"- `{name}`: meets the goal on {totals['passes']} of {len(totals['seeds'])} seeds"
+        if totals["seeds"]:
+            mean = totals["mean_rl_gain_2hop"]
+            text += (
+                f" (pass rate 95% Wilson interval [{low:.2f}, {high:.2f}]; mean 2-hop gain "
+                f"{mean['value']:+.3f} [{mean['low']:+.3f}, {mean['high']:+.3f}])"
+            )
+        lines.append(text + ".")
+    return lines
 
 
 def plot(document: dict[str, Any], path: Path) -> None:
@@ -235,7 +355,7 @@ def run_seed(seed: int, directory: Path, flags: list[str], keep_checkpoint: bool
     summary_path.unlink(missing_ok=True)
     command = [sys.executable, str(MAIN_JOB), "--seed", str(seed), "--out", str(directory), *flags]
     print(f"[seed {seed}] {' '.join(command)}", flush=True)
-    with open(directory / "main_job.log", "w") as log:
+    with open(directory / "main_job.log", "w", buffering=1) as log:  # line by line: it can be followed
         child = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -263,6 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0,13-23"))
     parser.add_argument("--out", default="runs/main_job_seeds", help="one directory per seed, and the report")
     parser.add_argument("--keep-checkpoints", action="store_true")
+    parser.add_argument(
+        "--score-readings",
+        nargs="+",
+        type=reading_schedule,
+        default=[],
+        metavar="ITERATIONS",
+        help="reading schedules (e.g. 4,6,8 4,8,12) to score on runs made with --rl-validation-held-out: "
+        "the iteration each keeps and its held-out verdict, per seed and in all",
+    )
     args = parser.parse_args(ours)
     for flag in ("--seed", "--out"):
         if flag in flags:
@@ -275,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         if summary is None:
             failed.append(seed)
         else:
-            rows.append(seed_row(seed, summary))
+            rows.append(seed_row(seed, summary, tuple(args.score_readings)))
         document = report(rows, flags, failed)
         (out / "seeds.json").write_text(json.dumps(document, indent=2) + "\n")
         (out / "seeds.md").write_text(markdown(document))
