@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rllib_search.llm.models import (
+    BUNDLED_MODELS,
     _move_into_place,
     apply_lora,
     cache_dir,
@@ -21,6 +22,7 @@ from rllib_search.llm.models import (
     lora_state_dict,
     matmul_gflops,
     merged_state_dict,
+    one_gguf_parse,
     steal_share,
     train_top_layers,
 )
@@ -148,6 +150,41 @@ def test_processes_converting_the_bundled_tokenizer_at_once_all_get_it(tmp_path)
     assert [worker.communicate(timeout=300)[0].strip() for worker in workers] == ["49152"] * 3
     assert [worker.returncode for worker in workers] == [0, 0, 0]
     assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == ["smollm2-135m-instruct"]
+
+
+@pytest.mark.slow
+def test_one_gguf_parse_reads_what_the_library_reader_reads_once_per_file():
+    """The conversion's reader (plain slices, one per file) gives the library reader's fields and tensors,
+    array for array, on the bundled SmolLM2; the tensor-name map is built once; blocks nest; the library's
+    functions are back after the block, also after an error."""
+    import gguf
+    import numpy as np
+
+    path = BUNDLED_MODELS["smollm2-135m-instruct"].gguf_path()
+    library = gguf.GGUFReader(path)
+    with one_gguf_parse():
+        reader = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is reader  # the same file: no second parse
+        with one_gguf_parse():  # nested, as a conversion loading its tokenizer
+            assert gguf.GGUFReader(path) is reader
+        name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is name_map
+    assert list(reader.fields) == list(library.fields)
+    for name, field in library.fields.items():
+        ours = reader.fields[name]
+        assert ours.types == field.types and ours.data == field.data, name
+        assert len(ours.parts) == len(field.parts), name
+        for a, b in zip(ours.parts, field.parts, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert [t.name for t in reader.tensors] == [t.name for t in library.tensors]
+    for ours, theirs in zip(reader.tensors, library.tensors, strict=True):
+        assert ours.tensor_type == theirs.tensor_type and np.array_equal(ours.shape, theirs.shape)
+        assert np.array_equal(ours.data, theirs.data), ours.name
+    assert gguf.GGUFReader is type(library)
+    with pytest.raises(RuntimeError), one_gguf_parse():
+        raise RuntimeError("a failed conversion")
+    assert gguf.GGUFReader is type(library)
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is not name_map
 
 
 def test_a_losing_conversion_discards_its_copy_and_a_broken_one_raises(tmp_path):
