@@ -72,8 +72,9 @@ def one_gguf_parse() -> Iterator[None]:
     ``TensorNameMap`` anew for every submodule (397 times for SmolLM2, 11 s). gguf has no option for
     either, so for the block only the package's ``GGUFReader`` is a reader that slices a plain ndarray view
     of the same mapping, built once per file, and ``get_tensor_name_map`` is memoised (transformers only
-    reads the map). The readers' fields and tensors are the library's, array for array, and a conversion
-    writes the same bytes (tests/test_llm_models.py). Blocks nest (the inner one uses the outer's).
+    reads the map). The readers' fields and tensors are the library's, array for array
+    (tests/test_llm_models.py), and a conversion writes the same bytes (benchmarks/conversion_bench.py).
+    Blocks nest (the inner one uses the outer's); another thread's block waits for this one to end.
     """
     import functools
 
