@@ -48,7 +48,7 @@ def test_the_algorithm_arms_get_the_same_budget():
 
 
 @pytest.mark.slow
-def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
+def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, monkeypatch):
     from rllib_search.algos.evaluation import score_predictions
 
     model = str(build_tiny_causal_lm(tmp_path / "model", build_tiny_tokenizer(tmp_path / "tok")))
@@ -63,6 +63,13 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
         done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
+
+    runner = _findings_script()
+
+    def in_process(*arguments: str) -> str:
+        capsys.readouterr()
+        assert runner.main(list(arguments)) == 0
+        return capsys.readouterr().out
 
     run()
     # Finished trials keep their results, not their checkpoints (the study's disk is its trials in flight).
@@ -166,23 +173,18 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     assert "| Retrieved-token masking | masking on | 0: " in stdout and (check / "check.md").exists()
 
     # Another machine (the study spans sessions; Tune results do not travel): with nothing under a fresh
-    # --out, the report is rewritten from the committed findings.json, its finished findings kept.
+    # --out, the report is rewritten from the committed findings.json, its finished findings kept. The
+    # report-only runs start no Ray and train nothing, so they run in this process (a start-up each less).
     elsewhere = tmp_path / "elsewhere"
-    report = [sys.executable, str(ROOT / "tuned_examples" / "findings.py"), "--smoke", "--report-only"]
-    report += ["--out", str(elsewhere), "--json", str(out / "findings.json")]
-    done = subprocess.run(report, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    in_process("--smoke", "--report-only", "--out", str(elsewhere), "--json", str(out / "findings.json"))
     moved = json.loads((out / "findings.json").read_text())
     assert moved["run"] == again["run"] and moved["findings"]["masking"] == again["findings"]["masking"]
     table = (elsewhere / "findings.md").read_text()
     assert "| masking on |" in table and "| masking on | not yet run |" not in table
     # --report-only with a relative --out reads the Tune results back (they need an absolute path).
-    report = [sys.executable, str(ROOT / "tuned_examples" / "findings.py"), "--smoke", "--report-only"]
-    report += ["--out", out.name, "--json", str(tmp_path / "relative.json")]
-    done = subprocess.run(
-        report, cwd=out.parent, env=environment, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with monkeypatch.context() as inside:
+        inside.chdir(out.parent)
+        in_process("--smoke", "--report-only", "--out", out.name, "--json", str(tmp_path / "relative.json"))
     relative = json.loads((tmp_path / "relative.json").read_text())
     assert relative["findings"]["masking"]["arms"] == masking["arms"]
     # The same experiments under another budget's names (an earlier recipe's runs left in --out) are not
@@ -192,13 +194,9 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path):
     (other / "run.json").write_text((out / "run.json").read_text())
     for experiment in (out / "tune").iterdir():
         shutil.copytree(experiment, other / "tune" / experiment.name.replace("__32_tokens", "__48_tokens"))
-    report = [sys.executable, str(ROOT / "tuned_examples" / "findings.py"), "--smoke", "--report-only"]
-    report += ["--out", str(other), "--json", str(tmp_path / "other.json")]
-    done = subprocess.run(report, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    in_process("--smoke", "--report-only", "--out", str(other), "--json", str(tmp_path / "other.json"))
     assert json.loads((tmp_path / "other.json").read_text())["findings"]["masking"]["status"] == "not yet run"
     # A run with other settings carries nothing over (its arms are not the same experiment).
-    runner = _findings_script()
     assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}
     assert runner.carried_over(out / "findings.json", {**moved["run"], "iterations": 2}) == {}
     # Each finding records the turn budget it was measured at (the smoke's 32). A file written before that

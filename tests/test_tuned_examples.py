@@ -24,9 +24,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
+def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys, monkeypatch):
     """The main job with most of its options, run as one seed of tuned_examples/main_job_seeds.py (which
-    passes it ``--seed 0 --out <sweep>/seed_0`` and the flags after ``--``)."""
+    passes it ``--seed 0 --out <sweep>/seed_0`` and the flags after ``--``). The runs that start Ray are
+    subprocesses; the sweep's re-run and the warm start's readers, which start none, run in this process
+    (a Python start-up each less)."""
     model = build_tiny_causal_lm(tmp_path / "model", build_tiny_tokenizer(tmp_path / "tok"))
     sweep = tmp_path / "sweep"
     out = sweep / "seed_0"
@@ -48,6 +50,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--score-readings", "1", "1,2"]
     argv += ["--", *flags]
     env = {**os.environ, "RLLIB_SEARCH_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("RLLIB_SEARCH_CACHE", env["RLLIB_SEARCH_CACHE"])  # for the in-process runs
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "held-out evaluation" in done.stdout and "grpo iter  2/2" in done.stdout
@@ -166,30 +169,21 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     assert "| 0 |" in (sweep / "seeds.md").read_text() and (sweep / "seeds.png").stat().st_size > 0
     assert "[1/1 seeds, " in done.stdout and "[seed 0] " in done.stdout
     # Run again with the same flags: the seed is read back, not run.
-    reused = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert reused.returncode == 0, reused.stdout[-3000:] + reused.stderr[-3000:]
-    assert f"[seed 0] reusing {out / 'summary.json'}" in reused.stdout and "grpo iter" not in reused.stdout
+    reused = in_process("main_job_seeds", argv[2:], capsys)
+    assert f"[seed 0] reusing {out / 'summary.json'}" in reused and "grpo iter" not in reused
     assert json.loads((sweep / "seeds.json").read_text())["rows"] == document["rows"]
 
     # plan_forks.py reads the warm start's probabilities at the plan's forks.
-    forks_script = str(ROOT / "tuned_examples" / "plan_forks.py")
-    forks = subprocess.run(
-        [sys.executable, forks_script, str(out / "warm_start_model"), "--questions", "3", "--threads", "1"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert forks.returncode == 0, forks.stdout[-3000:] + forks.stderr[-3000:]
-    assert "1-hop (3 questions)" in forks.stdout and "2-hop (3 questions)" in forks.stdout
+    forks_argv = [str(out / "warm_start_model"), "--questions", "3", "--threads", "1"]
+    forks = in_process("plan_forks", forks_argv, capsys)
+    assert "1-hop (3 questions)" in forks and "2-hop (3 questions)" in forks
     report = json.loads((out / "warm_start_model" / "plan_forks.json").read_text())
     for hops in ("1hop", "2hop"):
         for fork in ("goes_on", "its"):
             assert 0.0 <= report[hops][fork]["mean"] <= 1.0 and 0 <= report[hops][fork]["above_half"] <= 3
     # and how it reads each hop's answer in the teacher's episodes: turn 1 of each question, turn 2 of 2-hop.
     readings = {k: v for k, v in report["readings"].items() if k != "topk"}
-    assert report["readings"]["topk"] == 2 and "2-hop turn 2 reads the hop's answer" in forks.stdout
+    assert report["readings"]["topk"] == 2 and "2-hop turn 2 reads the hop's answer" in forks
     assert {k: v["count"] for k, v in readings.items()} == {
         "1-hop turn 1": 3,
         "2-hop turn 1": 3,
@@ -200,19 +194,10 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     # sampled_plans.py samples it as GRPO does and counts each plan kind's searches and right answers;
     # with --topk 1 each observation shows the best passage alone.
     sampled_out = tmp_path / "sampled"
-    sampled_argv = [sys.executable, str(ROOT / "tuned_examples" / "sampled_plans.py")]
-    sampled_argv += [str(out / "warm_start_model"), "--topk", "1"]
+    sampled_argv = [str(out / "warm_start_model"), "--topk", "1"]
     sampled_argv += ["--questions", "2", "--samples", "2", "--threads", "1", "--out", str(sampled_out)]
-    sampled = subprocess.run(
-        sampled_argv,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert sampled.returncode == 0, sampled.stdout[-3000:] + sampled.stderr[-3000:]
-    assert "1-hop: 4 episodes" in sampled.stdout and "2-hop: 4 episodes" in sampled.stdout
+    sampled = in_process("sampled_plans", sampled_argv, capsys)
+    assert "1-hop: 4 episodes" in sampled and "2-hop: 4 episodes" in sampled
     report = json.loads((sampled_out / "sampled_plans.json").read_text())
     funnel = report["funnel"]
     assert report["settings"]["topk"] == 1
@@ -251,6 +236,18 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     second = [json.loads(line) for line in (again / "predictions.jsonl").read_text().splitlines()]
     assert [p for p in second if p["stage"] == "after warm start"] == first
     assert not (again / "warm_start_model").exists()
+
+
+def in_process(script: str, argv: list[str], capsys) -> str:
+    """``tuned_examples/<script>.py`` run by its ``main(argv)`` in this process; returns what it printed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(script, ROOT / "tuned_examples" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    assert module.main(argv) == 0
+    return capsys.readouterr().out
 
 
 def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
