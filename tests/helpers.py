@@ -3,6 +3,9 @@ tiny GRPO/PPO configs that the learner and fault-tolerance tests train."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from rllib_search.data.records import QARecord
@@ -163,3 +166,12 @@ def kill_retriever_replicas() -> list[str]:
     for name in names:
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     return names
+
+
+def tuned_example(name: str) -> ModuleType:
+    """``tuned_examples/<name>.py`` loaded as a module (the folder is scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tuned_examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -16,6 +16,7 @@ import pytest
 
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from rllib_search.recipes import findings as study
+from tests.helpers import tuned_example
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,9 +303,4 @@ def test_each_finding_says_the_turn_budget_it_was_measured_at():
 
 
 def _findings_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("findings_script", ROOT / "tuned_examples" / "findings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tuned_example("findings")

@@ -6,7 +6,6 @@ it)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,16 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import tuned_example
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "main_job_seeds", ROOT / "tuned_examples" / "main_job_seeds.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tuned_example("main_job_seeds")
 
 
 def _summary(gain_2hop, interval_2hop, gain_1hop, interval_1hop):

@@ -19,6 +19,7 @@ import pytest
 
 from rllib_search.llm.models import cpu_has_native_bf16, describe_cpu
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from tests.helpers import tuned_example
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,11 +241,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
 
 def in_process(script: str, argv: list[str], capsys) -> str:
     """``tuned_examples/<script>.py`` run by its ``main(argv)`` in this process; returns what it printed."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(script, ROOT / "tuned_examples" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = tuned_example(script)
     capsys.readouterr()
     assert module.main(argv) == 0
     return capsys.readouterr().out
