@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_search.llm.models import cpu_has_native_bf16
+from rllib_search.llm.models import cpu_precision
 from rllib_search.serve.encoders import (
     BGE_INSTRUCTION,
     DEFAULT_ENCODER,
@@ -145,7 +145,7 @@ def test_dtype_names_resolve_per_device():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert resolve_dtype(None, cpu) == torch.float32 and resolve_dtype(None, gpu) == torch.float16
     assert resolve_dtype("auto", gpu) == torch.float16
-    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if cpu_precision().bf16 else torch.float32)
     assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
     assert resolve_dtype(torch.float16, cpu) == torch.float16
     with pytest.raises(ValueError, match="encoder dtype"):

@@ -16,7 +16,10 @@ from rllib_search.llm.models import (
     apply_lora,
     cache_dir,
     cpu_description,
+    cpu_has_native_bf16,
+    cpu_precision,
     cpu_times,
+    decide_cpu_precision,
     describe_cpu,
     load_causal_lm,
     lora_state_dict,
@@ -215,6 +218,32 @@ def test_matmul_speed_is_the_products_flops_over_its_best_time(dtype, monkeypatc
     assert matmul_gflops(dtype, shape=(64, 32, 16), repeats=3) == pytest.approx(
         2 * 64 * 32 * 16 / 0.002 / 1e9
     )
+
+
+def test_bf16_is_chosen_only_where_its_products_pay():
+    """bf16 units alone do not make bf16 the faster precision: an Intel Xeon whose hypervisor hides AMX ran
+    bf16 products at 0.49x fp32's (stop 83). The rule: native, and at least 0.75x fp32's speed."""
+    hidden_amx = decide_cpu_precision(True, fp32_gflops=345.0, bf16_gflops=169.0)
+    assert not hidden_amx.bf16 and hidden_amx.bf16_ratio == pytest.approx(169 / 345)
+    assert "0.49x fp32's" in hidden_amx.reason() and "169 vs 345 GFLOP/s" in hidden_amx.reason()
+    assert decide_cpu_precision(True, fp32_gflops=300.0, bf16_gflops=2400.0).bf16  # AMX
+    assert decide_cpu_precision(True, fp32_gflops=400.0, bf16_gflops=300.0).bf16  # at the threshold
+    assert not decide_cpu_precision(True, fp32_gflops=400.0, bf16_gflops=299.0).bf16
+    emulated = decide_cpu_precision(False, fp32_gflops=100.0, bf16_gflops=900.0)
+    assert not emulated.bf16 and emulated.bf16_ratio is None and "emulated" in emulated.reason()
+
+
+def test_this_cpus_precision_is_measured_once_and_follows_the_rule():
+    """On this machine: no product is timed where bf16 is emulated; elsewhere both are, and the choice is the
+    rule's on those speeds. The choice is cached, so a process asks the probe once."""
+    chosen = cpu_precision()
+    assert chosen is cpu_precision()
+    assert chosen.native_bf16 == cpu_has_native_bf16()
+    if not chosen.native_bf16:
+        assert not chosen.bf16 and chosen.fp32_gflops is None and chosen.bf16_gflops is None
+    else:
+        assert chosen.fp32_gflops > 0 and chosen.bf16_gflops > 0
+        assert chosen == decide_cpu_precision(True, chosen.fp32_gflops, chosen.bf16_gflops)
 
 
 def test_the_cpu_is_named_with_its_family_where_the_kernel_reports_it():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_search.llm.models import cpu_has_native_bf16, describe_cpu
+from rllib_search.llm.models import cpu_precision, decide_cpu_precision, describe_cpu
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from tests.helpers import tuned_example
 
@@ -166,6 +166,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     steal = summary["machine"]["cpu_steal_share"]
     assert steal is None or 0.0 <= steal <= 1.0
     stolen = "" if steal is None else f", {steal:.1%} stolen"
+    # The precision the default chose by timing both products (where bf16 is native), printed with why.
+    recorded = summary["machine"]
+    chosen = decide_cpu_precision(recorded["native_bf16"], recorded["fp32_gflops"], recorded["bf16_gflops"])
+    assert recorded["precision"] == ("bf16" if chosen.bf16 else "fp32")
+    assert f"({chosen.reason()}; --" in done.stdout
     assert f"({speeds[0]:.0f} -> {speeds[1]:.0f} GFLOP/s{stolen}) |" in (sweep / "seeds.md").read_text()
     assert "| 0 |" in (sweep / "seeds.md").read_text() and (sweep / "seeds.png").stat().st_size > 0
     assert "[1/1 seeds, " in done.stdout and "[seed 0] " in done.stdout
@@ -272,8 +277,10 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert defaults.rl_recipe == "balanced" and defaults.fork_calibration and defaults.rl_iterations == 8
     assert not defaults.rl_read_forks and defaults.calibration_turns == 2  # and the turn after (stop 64)
     assert defaults.calibration_questions == 6 and defaults.calibration_second_turn == "all"
-    # bf16 where the CPU has AVX512-BF16 or AMX (0.7x the time, stop 63), fp32 where it is emulated.
-    assert defaults.bf16 == cpu_has_native_bf16()
+    # bf16 where the CPU has AVX512-BF16 or AMX (0.7x the time, stop 63) and its products pay (not where a
+    # hypervisor hides AMX, stop 83), fp32 where bf16 is emulated or slower.
+    assert defaults.bf16 == cpu_precision().bf16 and defaults.precision_measured
+    assert not job.parse_args(["--no-bf16"]).precision_measured
     assert job.parse_args(["--bf16"]).bf16 and not job.parse_args(["--no-bf16"]).bf16
     # Off-policy guidance of groups with no right answer (stop 62); --no-rl-guidance turns it off.
     assert defaults.rl_guidance and not job.parse_args(["--no-rl-guidance"]).rl_guidance

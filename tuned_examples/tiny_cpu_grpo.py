@@ -59,14 +59,16 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    two such episodes in the first two iterations were enough, after which they sampled right 2-hop answers
    themselves; seed 17 needed the guide in four iterations. With it seeds 0, 1, 16 and 17 meet the goal
    (+0.36, +0.66, +0.54, +0.22; without it only seed 0 did, stops 59 and 62 of ``docs/main_job.md``).
-   **Precision**: bf16 where the CPU has bf16 units (AVX512-BF16 or AMX; ``--no-bf16`` for fp32), fp32
-   elsewhere. On the AVX-512 EPYC of stops 59-64 a run then took 587-730 s (fp32: 872-994 s) and met the
-   goal on seeds 0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63); with the turn after the first
-   search calibrated too (stop 64's default) on 8 of the 9 (13, 15 and 21 included; seed 14 lost 0.30
-   on 1-hop), and on seeds 18-20 of the four run afterwards (not 22: +0.18; 11 of 13, stop 65; the
-   latest of tied readings kept since stop 66: larger 2-hop gains on the tied seeds 17, 18, 23), in 651-859 s
-   a run with the base model's evaluation cached (a fresh machine's about 70 s more: seeds calibrated in
-   all 8 steps come to 880-930 s there).
+   **Precision**: bf16 where the CPU has bf16 units (AVX512-BF16 or AMX) and its bf16 products, measured
+   at the start, run at least 0.75x fp32's (``llm.models.cpu_precision``; ``--bf16`` / ``--no-bf16``
+   choose), fp32 elsewhere (an Intel Xeon whose hypervisor hides AMX: bf16 products at 0.49x, stop 83). On
+   the AVX-512 EPYC of stops 59-64 a run then took 587-730 s (fp32: 872-994 s) and met the goal on seeds
+   0, 1, 14, 16, 17 and 23, not 13, 15 or 21 (stop 63); with the turn after the first search calibrated
+   too (stop 64's default) on 8 of the 9 (13, 15 and 21 included; seed 14 lost 0.30 on 1-hop), and on
+   seeds 18-20 of the four run afterwards (not 22: +0.18; 11 of 13, stop 65; the latest of tied readings
+   kept since stop 66: larger 2-hop gains on the tied seeds 17, 18, 23), in 651-859 s a run with the base
+   model's evaluation cached (a fresh machine's about 70 s more: seeds calibrated in all 8 steps come to
+   880-930 s there).
    Before guidance (fp32, 48-token turns), full runs against the goal (2-hop +0.2 with its interval above
    0, 1-hop not lower beyond its interval): seeds 0, 13, 14, 18-20 and 22 met it, 15, 16, 17, 21 and 23
    did not (``docs/main_job.md``, stops 44-46). Seed 0: 2-hop 0.08 ->
@@ -484,18 +486,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="the engine generates with bf16 weights and the learners train under bf16 autocast over their "
-        "fp32 master weights, as on a GPU. The default: on where the CPU has AVX512-BF16 or AMX (there a "
-        "run takes about 0.7x the time of fp32, docs/main_job.md stops 50 and 63), off elsewhere, where "
-        "bf16 is emulated and runs slower (2-10x); --bf16 / --no-bf16 choose",
+        "fp32 master weights, as on a GPU. The default: on where the CPU has AVX512-BF16 or AMX and its bf16 "
+        "products run at least 0.75x fp32's, measured at the start (an AMX Xeon's run takes about 0.6x "
+        "fp32's time, an AVX-512 EPYC's 0.7x; docs/main_job.md stops 50 and 63); off elsewhere: where bf16 "
+        "is emulated (2-10x slower) or slower than fp32 (an Intel Xeon whose AMX is hidden, stop 83); "
+        "--bf16 / --no-bf16 choose",
     )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port of the local Ray (default: random)")
     args = p.parse_args(argv)
-    if args.bf16 is None:  # the default: bf16 where this CPU multiplies it natively
-        from rllib_search.llm.models import cpu_has_native_bf16
+    args.precision_measured = args.bf16 is None
+    if args.bf16 is None:  # the default: bf16 where this CPU multiplies it natively and fast enough
+        from rllib_search.llm.models import cpu_precision
 
-        args.bf16 = cpu_has_native_bf16()
+        args.bf16 = cpu_precision().bf16
     args.rl_trained_turns = args.rl_trained_turns or None  # 0: every turn
     args.rl_read_forks = args.rl_read_forks or args.rl_stop_on_fork_rise is not None
     if args.smoke:
@@ -565,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir,
         cpu_description,
         cpu_has_native_bf16,
+        cpu_precision,
         cpu_times,
         describe_cpu,
         load_causal_lm,
@@ -607,12 +613,19 @@ def main(argv: list[str] | None = None) -> int:
         say(
             "--bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated here, expect a slower run than fp32"
         )
+    chosen_by = "--bf16 / --no-bf16"
+    if args.precision_measured:  # the default: chosen by measuring both products (cached from parse_args)
+        precision = cpu_precision()
+        chosen_by = precision.reason()
+        machine["fp32_gflops"], machine["bf16_gflops"] = precision.fp32_gflops, precision.bf16_gflops
+    machine["precision"] = "bf16" if args.bf16 else "fp32"
     if args.bf16:
         say(
-            "precision: bf16 (the engine's weights; the learners under autocast over fp32 weights; --no-bf16)"
+            "precision: bf16, the engine's weights, the learners under autocast over fp32 weights "
+            f"({chosen_by}; --no-bf16 for fp32)"
         )
     else:
-        say("precision: fp32 (--bf16 for bf16, the default where the CPU has AVX512-BF16 or AMX)")
+        say(f"precision: fp32 ({chosen_by}; --bf16 for bf16)")
     product_dtype = "bfloat16" if args.bf16 else "float32"
     machine["matmul_gflops_start"] = round(matmul_gflops(product_dtype), 1)
     say(

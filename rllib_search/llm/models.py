@@ -8,6 +8,7 @@ LoRA helpers wrap a model with adapters and export the weights an inference engi
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import platform
@@ -254,6 +255,70 @@ def matmul_gflops(
             torch.nn.functional.linear(x, weight)
             best = min(best, time.perf_counter() - started)
     return 2.0 * rows * inner * out / max(best, 1e-9) / 1e9
+
+
+# bf16 is chosen on a CPU only where its products run at least this fraction of fp32's. A run's end-to-end
+# ratio sits above the product's (decoding reads half the bytes in bf16), so 0.75 keeps bf16 where it was
+# measured to pay (AMX Xeons about 10x, the AVX-512 EPYCs, stop 50's Intel 2-4x) and leaves it where it
+# does not: an Intel Xeon whose hypervisor hides AMX ran bf16 products at 0.49x fp32's (169 vs 345
+# GFLOP/s), a greedy evaluation at 0.85x and a GRPO update at 0.67x (docs/main_job.md, stop 83).
+BF16_MIN_PRODUCT_RATIO = 0.75
+
+
+@dataclass(frozen=True)
+class CpuPrecision:
+    """The precision a CPU run computes in, and the measurement behind the choice (the product speeds are
+    None where bf16 is emulated: nothing was measured)."""
+
+    bf16: bool
+    native_bf16: bool
+    fp32_gflops: float | None = None
+    bf16_gflops: float | None = None
+
+    @property
+    def bf16_ratio(self) -> float | None:
+        """bf16's product speed over fp32's."""
+        if self.fp32_gflops is None or self.bf16_gflops is None:
+            return None
+        return self.bf16_gflops / max(self.fp32_gflops, 1e-9)
+
+    def reason(self) -> str:
+        """Why, in a few words, e.g. ``bf16 products at 0.49x fp32's here (169 vs 345 GFLOP/s)``."""
+        if not self.native_bf16:
+            return "no bf16 units on this CPU: bf16 would be emulated"
+        return (
+            f"bf16 products at {self.bf16_ratio:.2f}x fp32's here "
+            f"({self.bf16_gflops:.0f} vs {self.fp32_gflops:.0f} GFLOP/s)"
+        )
+
+
+def decide_cpu_precision(
+    native_bf16: bool,
+    fp32_gflops: float | None = None,
+    bf16_gflops: float | None = None,
+    min_ratio: float = BF16_MIN_PRODUCT_RATIO,
+) -> CpuPrecision:
+    """bf16 where the CPU has bf16 units and its products run at least ``min_ratio`` of fp32's."""
+    if not native_bf16 or fp32_gflops is None or bf16_gflops is None:
+        return CpuPrecision(bf16=False, native_bf16=native_bf16)
+    fast_enough = bf16_gflops >= min_ratio * fp32_gflops
+    return CpuPrecision(fast_enough, True, round(fp32_gflops, 1), round(bf16_gflops, 1))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_precision(rounds: int = 5) -> CpuPrecision:
+    """The precision CPU work defaults to here, measured once per process: fp32 without bf16 units (where
+    PyTorch emulates bf16, 2-10x slower); with them, by :func:`decide_cpu_precision`'s rule on
+    :func:`matmul_gflops` of SmolLM2's up-projection in each dtype (about 0.5 s in all). The two are timed
+    in alternating rounds and each keeps its best: with another process on the cores a single reading of
+    that Xeon gave 0.90x, its rounds' best 0.49x again, as alone (stop 83)."""
+    if not cpu_has_native_bf16():
+        return decide_cpu_precision(False)
+    fp32 = bf16 = 0.0
+    for _ in range(max(1, rounds)):
+        fp32 = max(fp32, matmul_gflops("float32"))
+        bf16 = max(bf16, matmul_gflops("bfloat16"))
+    return decide_cpu_precision(True, fp32, bf16)
 
 
 def _default_dtype(device: str) -> Any:

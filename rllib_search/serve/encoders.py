@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rllib_search.llm.models import cpu_has_native_bf16
+from rllib_search.llm.models import cpu_precision
 
 # Search-R1's retriever.
 DEFAULT_ENCODER = "intfloat/e5-base-v2"
@@ -165,8 +165,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """An encoder dtype: a ``torch.dtype`` or ``"float32"``/``"bfloat16"``/``"float16"`` as given; ``None``
-    is fp16 on a GPU and fp32 elsewhere; ``"auto"`` is fp16 on a GPU, bf16 on a CPU with native bf16 and
-    fp32 elsewhere."""
+    is fp16 on a GPU and fp32 elsewhere; ``"auto"`` is fp16 on a GPU, bf16 on a CPU where bf16 is native and
+    pays (``cpu_precision``: its products at least 0.75x fp32's) and fp32 elsewhere."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
@@ -174,7 +174,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype == "auto":
         if device.type == "cuda":
             return torch.float16
-        return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if device.type == "cpu" and cpu_precision().bf16 else torch.float32
     names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in names:
         raise ValueError(f"encoder dtype must be 'auto' or one of {sorted(names)}, got {dtype!r}")

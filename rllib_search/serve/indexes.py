@@ -41,7 +41,8 @@ def load_index(
     ``mmap`` the faiss and BM25 arrays are memory-mapped; the corpus always is. On a machine whose faiss
     has GPU support, flat and IVF-PQ indexes are sharded in fp16 over all visible GPUs unless ``device``
     is the CPU. ``dtype`` is the query encoder's (:func:`~rllib_search.serve.encoders.resolve_dtype`:
-    None keeps fp32 on the CPU and fp16 on a GPU; ``"auto"`` also uses bf16 on CPUs with native bf16).
+    None keeps fp32 on the CPU and fp16 on a GPU; ``"auto"`` also uses bf16 on CPUs where bf16 is native
+    and pays).
     """
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)

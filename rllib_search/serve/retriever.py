@@ -194,9 +194,9 @@ def build_retriever_app(args: dict[str, Any]) -> serve.Application:
 
     ``args``: ``index_dir`` (required), ``encoder``, ``max_batch_queries``, ``batch_wait_timeout_s``,
     ``limits`` (dict), ``device``, ``dtype`` (the query encoder's; default ``"auto"``: fp16 on a GPU, bf16
-    on a CPU with native bf16, else fp32), and deployment options ``autoscaling_config`` (dict: min_replicas,
-    max_replicas, target_ongoing_requests, ...), ``num_replicas`` and ``ray_actor_options`` (num_cpus,
-    num_gpus, ...).
+    on a CPU where bf16 is native and pays, else fp32), and deployment options ``autoscaling_config``
+    (dict: min_replicas, max_replicas, target_ongoing_requests, ...), ``num_replicas`` and
+    ``ray_actor_options`` (num_cpus, num_gpus, ...).
     """
     args = dict(args)
     if "index_dir" not in args:

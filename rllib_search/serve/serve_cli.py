@@ -65,7 +65,7 @@ def add_serve_commands(subparsers: Any) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="query encoder dtype (auto: fp16 on GPU, bf16 on CPUs with native bf16, else fp32)",
+        help="query encoder dtype (auto: fp16 on GPU, bf16 on CPUs where bf16 is native and pays, else fp32)",
     )
     retriever.add_argument(
         "--high-throughput",
