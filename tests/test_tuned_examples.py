@@ -39,7 +39,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
         *("--demonstrations", "6", "--two-hop-demonstrations", "2", "--prompts", "2", "--group-size", "2"),
         *("--max-turn-tokens", "12", "--state-plan", "--early-answer", "0.5", "--no-scale-by-std"),
         *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
-        *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1"),
+        *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1", "--search-cost", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
         *("--fork-calibration", "--calibration-steps", "2", "--calibration-turns", "2"),
         *("--calibration-questions", "1"),
@@ -97,6 +97,9 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     assert settings["plan_weight"] == 8 and settings["sft_lr_decay"] == "linear"
     assert settings["sft_balance"] and settings["hesitate_by_kind"] and settings["rl_balance_hops"]
     assert settings["lambda_retrieval"] == 0.1 and settings["calibration_turns"] == 2
+    assert settings["search_cost"] == 0.1  # and the reward took it: a mean cost an episode, on each line
+    assert all(0.0 <= row["search_cost"] <= 1.0 for row in summary["grpo"])
+    assert "search cost" in done.stdout.split("grpo iter  1/2")[1].splitlines()[0]
     assert settings["calibration_questions"] == 1
     # --sft-fork-window: the forks read after every step until they lie in the window or step 2 is done.
     read = summary["sft_forks"]
@@ -286,6 +289,7 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert defaults.rl_guidance and not job.parse_args(["--no-rl-guidance"]).rl_guidance
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
+    assert defaults.search_cost == 0.1  # a right answer's extra searches cost (stop 85)
     assert defaults.topk == 2  # passages an observation shows
     assert defaults.reading_weight == 1.0  # what a thought after a search reads: plain NLL
     # The turn budget fits every turn the teacher writes on the embedded world (48 cut a 2-hop question's
