@@ -491,9 +491,11 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
             )
             logs = done.stdout + done.stderr
             starting = any(text in logs for text in ("Failed to connect", "No available agent"))
-            # A dashboard still starting on a loaded machine can drop the working dir's upload check
-            # (stop 85: RemoteDisconnected in _package_exists); nothing was submitted yet, so submit again.
+            # A head still starting on a loaded machine can drop the working dir's upload check or the
+            # hand-over to its job agent (stop 85: RemoteDisconnected in _package_exists, a 500 with
+            # ServerDisconnectedError from submit_job_internal); the job did not start, so submit again.
             starting |= "RemoteDisconnected" in logs and "_upload_package_if_needed" in logs
+            starting |= "ServerDisconnectedError" in logs and "submit_job_internal" in logs
             if done.returncode == 0 or not starting:  # else the head is still coming up
                 break
             assert time.monotonic() < deadline, done.stderr[-2000:]
