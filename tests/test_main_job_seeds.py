@@ -1,7 +1,7 @@
 """tuned_examples/main_job_seeds.py's own parts: the seed list, issue 13's verdict on a run's summary, the
-pass rate's interval, and a seed whose main job fails (recorded, the sweep goes on, exit 1). Its run of a
-real main job and its resume are in test_tuned_examples.py (the main job's end-to-end test goes through
-it)."""
+pass rate's interval, when a seed's earlier run is reused, and a seed whose main job fails (recorded, the
+sweep goes on, exit 1). Its run of a real main job and its resume are in test_tuned_examples.py (the main
+job's end-to-end test goes through it)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,32 @@ def test_a_seed_whose_main_job_fails_is_recorded_and_the_sweep_exits_1(tmp_path)
         timeout=60,
     )
     assert refused.returncode == 2 and "--seed is this sweep's to set" in refused.stderr
+
+
+def test_a_seed_is_reused_only_under_the_same_flags_and_defaults(tmp_path):
+    """A seed's earlier run is read back when it ran with the same flags under the main job's defaults of
+    now; one recorded under another default (the search cost was 0 before stop 85), with other flags, for
+    another seed or by a sweep that kept only the flags runs again."""
+    seeds = _script()
+    flags = ["--rl-iterations", "6"]
+    (tmp_path / "summary.json").write_text(json.dumps({"seconds": 1.0}))
+    record = seeds.run_record(3, flags)
+    settings = record["settings"]
+    default_cost = seeds._main_job().build_parser().get_default("search_cost")
+    assert settings["seed"] == 3 and settings["rl_iterations"] == 6
+    assert settings["search_cost"] == default_cost
+    assert "out" not in settings and settings["bf16"] is None  # the machine's precision is chosen later
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    assert seeds.earlier_run(3, tmp_path, flags) == {"seconds": 1.0}
+    assert seeds.earlier_run(4, tmp_path, flags) is None
+    assert seeds.earlier_run(3, tmp_path, ["--rl-iterations", "8"]) is None
+    other_default = {**record, "settings": {**settings, "search_cost": default_cost + 0.1}}
+    (tmp_path / "run.json").write_text(json.dumps(other_default))
+    assert seeds.earlier_run(3, tmp_path, flags) is None
+    (tmp_path / "run.json").write_text(json.dumps({"seed": 3, "flags": flags}))
+    assert seeds.earlier_run(3, tmp_path, flags) is None
+    refused = seeds.run_record(3, ["--rl-recipe", "no-such-recipe"])
+    assert refused == {"seed": 3, "flags": ["--rl-recipe", "no-such-recipe"], "settings": None}
 
 
 def test_a_row_keeps_the_stages_its_run_evaluated():

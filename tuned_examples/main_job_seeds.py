@@ -12,7 +12,8 @@ interval reaches 0). Writes, after every seed (an interrupted sweep keeps what i
 
 Each seed's run lives in ``<out>/seed_<n>/`` (its log, summary, plot, predictions; the checkpoint is deleted
 unless ``--keep-checkpoints``: about 1 GB a seed). A seed whose ``summary.json`` was written with the same
-flags is read back, not run again, so the sweep resumes; other flags run it again.
+flags, under the same defaults of the main job, is read back, not run again, so the sweep resumes; other
+flags, or a default changed since (``run.json`` keeps every setting the run had), run it again.
 
     python tuned_examples/main_job_seeds.py --seeds 0,13-23 --out runs/main_job_seeds [-- MAIN-JOB FLAGS]
 
@@ -31,8 +32,10 @@ shorter one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
+import io
 import json
 import math
 import shutil
@@ -91,15 +94,46 @@ def reading_schedule(text: str) -> tuple[int, ...]:
 
 
 @functools.cache
-def _kept_reading() -> Any:
-    """The main job's own rule for the reading whose weights RL keeps (``tiny_cpu_grpo.kept_reading``),
-    loaded from the script by path so a schedule is scored by the rule the job runs, never a copy of it."""
-    spec = importlib.util.spec_from_file_location("tiny_cpu_grpo_rule", MAIN_JOB)
+def _main_job() -> Any:
+    """``tuned_examples/tiny_cpu_grpo.py`` loaded by path, so that the sweep uses the job's own rule and
+    flags, never a copy of them."""
+    spec = importlib.util.spec_from_file_location("tiny_cpu_grpo_of_the_sweep", MAIN_JOB)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)  # the script imports only the standard library at its top
-    return module.kept_reading
+    return module
+
+
+def _kept_reading() -> Any:
+    """The main job's rule for the reading whose weights RL keeps (``tiny_cpu_grpo.kept_reading``)."""
+    return _main_job().kept_reading
+
+
+def run_record(seed: int, flags: list[str]) -> dict[str, Any]:
+    """What a seed's run is reused by: the seed, the flags, and every setting they give under the main
+    job's defaults of now (``settings``, as its parser reads them, before it resolves the machine's
+    precision), so a run made before a default changed runs again. ``--out`` is left out: a sweep's
+    directory may move. Flags the job refuses give no settings: their run fails and its log says why."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed = _main_job().build_parser().parse_args(["--seed", str(seed), *flags])
+    except SystemExit:
+        return {"seed": seed, "flags": flags, "settings": None}
+    settings = vars(parsed)
+    settings.pop("out")
+    return {"seed": seed, "flags": flags, "settings": json.loads(json.dumps(settings, default=str))}
+
+
+def earlier_run(seed: int, directory: Path, flags: list[str]) -> dict[str, Any] | None:
+    """The summary of the run in ``directory`` when it ran ``seed`` as :func:`run_record` would now
+    (the same flags and defaults), else None."""
+    summary_path, run_path = directory / "summary.json", directory / "run.json"
+    if not (summary_path.exists() and run_path.exists()):
+        return None
+    if json.loads(run_path.read_text()) != run_record(seed, flags):
+        return None
+    return json.loads(summary_path.read_text())
 
 
 def scheduled_outcome(summary: dict[str, Any], schedule: tuple[int, ...]) -> dict[str, Any] | None:
@@ -342,14 +376,15 @@ def plot(document: dict[str, Any], path: Path) -> None:
 
 def run_seed(seed: int, directory: Path, flags: list[str], keep_checkpoint: bool) -> dict[str, Any] | None:
     """The main job for ``seed`` in ``directory`` (its output echoed and logged): its summary, its earlier
-    summary when that run had the same flags, or None when it failed (said, with its log). A subprocess,
-    not a Ray Tune trial: each run starts and stops its own Ray and uses both cores, so runs go one at a
-    time, and a crash stays one seed's."""
+    summary when that run had the same flags and defaults, or None when it failed (said, with its log). A
+    subprocess, not a Ray Tune trial: each run starts and stops its own Ray and uses both cores, so runs go
+    one at a time, and a crash stays one seed's."""
     summary_path, run_path = directory / "summary.json", directory / "run.json"
-    wanted = {"seed": seed, "flags": flags}
-    if summary_path.exists() and run_path.exists() and json.loads(run_path.read_text()) == wanted:
+    earlier = earlier_run(seed, directory, flags)
+    if earlier is not None:
         print(f"[seed {seed}] reusing {summary_path}", flush=True)
-        return json.loads(summary_path.read_text())
+        return earlier
+    wanted = run_record(seed, flags)
     directory.mkdir(parents=True, exist_ok=True)
     run_path.unlink(missing_ok=True)
     summary_path.unlink(missing_ok=True)

@@ -154,7 +154,9 @@ def kept_reading(readings: list[dict[str, Any]]) -> dict[str, Any]:
     return max(readings, key=lambda reading: (reading["correct"], reading["iteration"]))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The job's flags and their defaults, before :func:`parse_args` resolves the ones the machine decides
+    (the precision) or other flags imply."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, hub name or local path")
     p.add_argument("--out", default="runs/tiny_cpu_grpo", help="output directory")
@@ -507,6 +509,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--smoke", action="store_true", help="every stage at the smallest size (a few minutes)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port of the local Ray (default: random)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.precision_measured = args.bf16 is None
     if args.bf16 is None:  # the default: bf16 where this CPU multiplies it natively and fast enough
