@@ -1,5 +1,7 @@
 """Off-policy guidance (``rollouts(guidance=...)``, algos/guidance.py): in each group with no right answer
-the last episode is re-run with the teacher's first turns, scored with the runner's weights, and trained."""
+the last episode is re-run with the teacher's first turns, scored with the runner's weights, and trained;
+with ``"counter"``, a one-hop group whose episodes all stopped after one search gets an episode whose plan
+goes on, its fork alone credited."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 
 from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.algos.env_runner import LLMEnvRunner
-from rllib_search.algos.guidance import answered_right, unsolved_groups
+from rllib_search.algos.guidance import answered_right, plan_fork, stopped_groups, unsolved_groups
 from rllib_search.env.protocols import get_protocol
 from rllib_search.env.teacher import TeacherPolicy, hops_of
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
@@ -20,6 +22,7 @@ from tests.helpers import make_config, policy_weights
 # The teacher writes every turn (search, search, answer): in the env's three turns and 700 tokens its
 # guided episodes of 1- and 2-hop questions answer right.
 WHOLE_EPISODE = {"turns": 3, "teacher": {"state_plan": True}}
+LAZY_ECHO = {"state_plan": True, "lazy_plan": True, "echo_plan": True}
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +34,12 @@ def model_dir(tmp_path_factory):
 def test_guidance_config_is_checked(model_dir, world, corpus):
     config = make_config(SearchGRPOConfig, model_dir, world, corpus)
     for bad, message in [
-        ({"turn": 1}, "dict with 'turns' and 'teacher'"),
+        ({"turn": 1}, "dict with 'turns', 'teacher' and 'counter'"),
         ({"turns": 0}, "at least 1"),
         ({"teacher": "state_plan"}, "keyword arguments"),
         ({"teacher": {"plan": True}}, "unexpected keyword argument 'plan'"),
         ({"teacher": {"lazy_plan": True}}, "needs state_plan=True"),
+        ({"counter": True}, "its teacher needs state_plan=True"),
     ]:
         with pytest.raises(ValueError, match=message):
             config.copy(copy_frozen=False).rollouts(guidance=bad).validate()
@@ -44,6 +48,34 @@ def test_guidance_config_is_checked(model_dir, world, corpus):
     with pytest.raises(ValueError, match="old_logprobs='recompute'"):
         config.copy(copy_frozen=False).rollouts(guidance={}, engine="vllm").validate_guidance()
     config.copy(copy_frozen=False).rollouts(guidance={}).validate()  # defaults: one turn, plain teacher
+    config.copy(copy_frozen=False).rollouts(guidance={"teacher": LAZY_ECHO, "counter": True}).validate()
+
+
+def test_the_plan_that_goes_on_departs_from_the_one_that_stops_at_its_fork(smollm2_tokenizer, world):
+    """going_on_plan: a one-hop question's plan with a placeholder second hop, a two-hop question's full
+    plan (never hesitating); the fork is the first token where it leaves the plan that stops."""
+    teacher = TeacherPolicy(get_protocol("search_r1_compact"), early_answer=1.0, seed=0, **LAZY_ECHO)
+    one_hop = next(r for r in world.train if len(hops_of(r)) == 1)
+    two_hop = next(r for r in world.train if len(hops_of(r)) == 2)
+    query = hops_of(one_hop)[0]["query"]
+    goes_on = teacher.going_on_plan(one_hop)
+    assert f"I need to search for {query}, then its next relation, then answer." in goes_on
+    assert f"I need to search for {query}." in teacher.segment(one_hop, 0, [])
+    assert goes_on in teacher.alternatives(one_hop, 0)
+    relation = hops_of(two_hop)[1]["query"][len(hops_of(two_hop)[0]["answer"]) :].strip()
+    assert f", then its {relation}, then answer." in teacher.going_on_plan(two_hop)
+    assert ", then answer." in teacher.segment(two_hop, 0, []) and teacher.answers_early(two_hop)
+
+    def ids(text):
+        return smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    stops, going = ids(teacher.segment(one_hop, 0, [])), ids(goes_on)
+    fork = plan_fork(stops, going)
+    assert going[:fork] == stops[:fork] and smollm2_tokenizer.decode(going[fork]) == ","
+    assert smollm2_tokenizer.decode(stops[fork]) == "."
+    assert plan_fork(going, going) is None and plan_fork(going[:3], going) == 3
+    with pytest.raises(ValueError, match="state_plan"):
+        TeacherPolicy(get_protocol("search_r1")).going_on_plan(one_hop)
 
 
 @pytest.mark.slow
@@ -119,3 +151,51 @@ def test_a_guided_iteration_trains_where_an_unguided_one_has_no_advantage(
         if guidance:
             assert result["env_runners"]["guided_groups"] == 2 and result["env_runners"]["guided_solved"] >= 1
     assert moved["guided"] > 100 * moved["plain"]
+
+
+def test_a_one_hop_group_that_always_stopped_gets_a_plan_that_goes_on_credited_at_its_fork(
+    model_dir, world, corpus
+):
+    """Counter-guidance: of a one-hop group whose episodes all searched once, one answering right, the last
+    episode is re-run with the teacher's plan that goes on; only the plan's "," is credited, scored with the
+    runner's weights. A one-hop group with a second search, a two-hop group and a group with no right
+    answer (guided as before, in the same batch) are not countered."""
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus).rollouts(
+        group_size=3, guidance={"turns": 1, "teacher": LAZY_ECHO, "counter": True}
+    )
+    runner = LLMEnvRunner(config=config)
+    one_hop = [r for r in world.train if len(hops_of(r)) == 1][:3]
+    records = [*one_hop, next(r for r in world.train if len(hops_of(r)) == 2)]
+    episodes = [(record, f"{record.uid}@test") for record in records for _ in range(3)]
+    sampled = runner._roll_out(episodes, runner.sampling, seeded=True)[0]
+
+    def stopped(rollout, right):
+        answer = rollout.golden_answers[0] if right else "nobody"
+        return replace(rollout, answer=answer, stats={**rollout.stats, "searches": 1})
+
+    sampled = [stopped(rollout, right=i in (0, 3, 9)) for i, rollout in enumerate(sampled)]
+    sampled[4] = replace(sampled[4], stats={**sampled[4].stats, "searches": 2})  # the second group went on
+    episode_records = [record for record, _ in episodes]
+    assert stopped_groups(episode_records, sampled, 3) == [0]
+    assert unsolved_groups(episode_records, sampled, 3) == [6]  # the third group answered nothing right
+    after = runner._guide_groups(episodes, list(sampled), None)
+    metrics = {key: float(value) for key, value in runner.get_metrics().items() if key != "reward"}
+    assert metrics["counter_groups"] == 1 and metrics["guided_groups"] == 1
+    assert all(after[i] is sampled[i] for i in range(12) if i not in (2, 8))
+    countered = after[2]
+    teacher = TeacherPolicy(runner.protocol, **LAZY_ECHO)
+    start, end = countered.turn_spans[0]
+    assert runner.tokenizer.decode(countered.token_ids[start:end]) == teacher.going_on_plan(one_hop[0])
+    (credited,) = np.flatnonzero(countered.loss_mask)
+    assert start < credited < end and runner.tokenizer.decode(countered.token_ids[credited]) == ","
+    with torch.no_grad():
+        logits = runner.module.model(torch.as_tensor(countered.token_ids)[None]).logits[0].float()
+    expected = torch.log_softmax(logits[credited - 1], -1)[countered.token_ids[credited]]
+    assert countered.logprobs[credited] == pytest.approx(float(expected), abs=1e-4)
+    assert metrics["counter_right"] == float(answered_right(countered))
+    guided = after[8]  # the unsolved group's: the teacher's own plan, every token of it credited
+    plan_start, plan_end = guided.turn_spans[0]
+    assert runner.tokenizer.decode(guided.token_ids[plan_start:plan_end]) == teacher.segment(
+        one_hop[2], 0, []
+    )
+    assert guided.loss_mask[plan_start:plan_end].all()

@@ -45,7 +45,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
         *("--calibration-questions", "1"),
         *("--rl-read-forks", "--rl-recipe", "auto"),
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
-        *("--rl-dynamic-sampling", "2", "--rl-guidance"),
+        *("--rl-dynamic-sampling", "2", "--rl-guidance", "--rl-counter-guidance"),
     ]
     argv = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
     argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--score-readings", "1", "1,2"]
@@ -76,6 +76,9 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     for row in summary["grpo"]:
         assert row["guided_groups"] == 2 * row["sample_rounds"] and 0 <= row["guided_solved"] <= 2
     assert "guided groups" in done.stdout and summary["settings"]["rl_guidance"]
+    # --rl-counter-guidance: no group answered right, so none stopped with a right answer to counter.
+    assert all(row["counter_groups"] == row["counter_right"] == 0 for row in summary["grpo"])
+    assert "counter groups 0 (0 right)" in done.stdout
     # --rl-validate-at 1: readings after iterations 1 and 2 (the last), the kept one's weights evaluated.
     validation = summary["rl_validation"]
     assert [r["iteration"] for r in validation["readings"]] == [1, 2]

@@ -461,6 +461,15 @@ def build_parser() -> argparse.ArgumentParser:
         "teacher writing the credited turns (its plan and first query) and the policy the rest: off-policy "
         "guidance as in LUFFY (algos/guidance.py; on by default since stop 62 of docs/main_job.md)",
     )
+    p.add_argument(
+        "--rl-counter-guidance",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GRPO, with --rl-guidance and --state-plan: also in each 1-hop group whose episodes all "
+        "searched once, one answering right, re-run its last episode with the teacher's plan that goes on to "
+        "a second hop, crediting that plan's fork alone, so that a wrong answer there lowers the second "
+        "search on 1-hop questions (algos/guidance.py; stop 86 of docs/main_job.md)",
+    )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument(
         "--eval-cache",
@@ -540,6 +549,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--calibration-min-steps must lie in 1..--calibration-steps ({args.calibration_steps})")
     if args.calibration_close < 0:
         p.error(f"--calibration-close must be at least 0 (0: off), got {args.calibration_close}")
+    if args.rl_counter_guidance and not (args.rl_guidance and args.state_plan):
+        p.error("--rl-counter-guidance needs --rl-guidance and --state-plan (it writes a stated plan)")
     if args.reading_weight <= 0:
         p.error(f"--reading-weight must be positive (1: plain NLL), got {args.reading_weight}")
     for flag in ("calibration_questions", "micro_batch", "rl_micro_batch", "topk"):
@@ -921,6 +932,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rl_guidance:  # the warm start's teacher, never hesitating: the plan that goes on to every hop
         teacher = {"state_plan": args.state_plan, "lazy_plan": args.lazy_plan, "echo_plan": args.echo_plan}
         rl_guidance = {"turns": args.rl_trained_turns or 1, "teacher": {**teacher, "seed": args.seed}}
+        if args.rl_counter_guidance:
+            rl_guidance["counter"] = True
     grpo_config = (
         base_config(
             SearchGRPOConfig,
@@ -999,6 +1012,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.rl_guidance:
             row["guided_groups"] = int(runners["guided_groups"])
             row["guided_solved"] = int(runners["guided_solved"])
+        if args.rl_counter_guidance:
+            row["counter_groups"] = int(runners["counter_groups"])
+            row["counter_right"] = int(runners["counter_right"])
         if args.rl_read_forks:
             row["forks"] = read_policy_forks()
         history.append(row)
@@ -1016,6 +1032,11 @@ def main(argv: list[str] | None = None) -> int:
             + (
                 f"  guided groups {row['guided_groups']} ({row['guided_solved']} right)"
                 if args.rl_guidance
+                else ""
+            )
+            + (
+                f"  counter groups {row['counter_groups']} ({row['counter_right']} right)"
+                if args.rl_counter_guidance
                 else ""
             )
             + (f"  {describe(row['forks'])}" if args.rl_read_forks else "")

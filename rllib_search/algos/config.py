@@ -175,7 +175,11 @@ class SearchConfig(AlgorithmConfig):
         (``env/teacher.TeacherPolicy`` with the ``teacher`` keyword arguments; questions need their hop
         chain) and the rest by the engine. The runner scores the teacher's tokens with its own weights;
         ``env_runners/guided_groups`` and ``env_runners/guided_solved`` count the guided episodes and those
-        that answered right; the other ``env_runners`` metrics describe the sampled episodes alone."""
+        that answered right; the other ``env_runners`` metrics describe the sampled episodes alone. With
+        ``"counter": True`` (a teacher with ``state_plan``), counter-guidance too: in each group of a one-hop
+        question whose episodes all searched once, one answering right, the last episode is run again with
+        the teacher's plan that goes on to a second hop and the engine's turns after it, and its loss
+        credits the plan's fork alone (``env_runners/counter_groups``, ``env_runners/counter_right``)."""
         for name, value in locals().items():
             if name != "self" and value is not NotProvided:
                 setattr(self, name, value)
@@ -390,9 +394,10 @@ class SearchConfig(AlgorithmConfig):
         """Check ``rollouts(guidance=...)``."""
         if self.guidance is None:
             return
-        if not isinstance(self.guidance, dict) or set(self.guidance) - {"turns", "teacher"}:
+        if not isinstance(self.guidance, dict) or set(self.guidance) - {"turns", "teacher", "counter"}:
             raise ValueError(
-                f"guidance must be None or a dict with 'turns' and 'teacher', got {self.guidance!r}"
+                "guidance must be None or a dict with 'turns', 'teacher' and 'counter', "
+                f"got {self.guidance!r}"
             )
         if int(self.guidance.get("turns", 1)) < 1:
             raise ValueError(f"guidance turns must be at least 1, got {self.guidance['turns']}")
@@ -404,6 +409,8 @@ class SearchConfig(AlgorithmConfig):
             TeacherPolicy(get_protocol(protocol), **teacher)
         except (TypeError, ValueError) as error:
             raise ValueError(f"guidance teacher {teacher!r}: {error}") from None
+        if self.guidance.get("counter") and not teacher.get("state_plan"):
+            raise ValueError("guidance counter writes a plan that goes on: its teacher needs state_plan=True")
         if int(self.group_size) < 2:
             raise ValueError("rollouts(guidance=...) replaces one episode of a group: group_size >= 2")
         if self.engine == "vllm" and self.old_logprobs == "sampler":

@@ -40,7 +40,16 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from rllib_search.algos.guidance import GuidedPolicy, answered_right, score_guided_tokens, unsolved_groups
+from rllib_search.algos.guidance import (
+    GoingOnTeacher,
+    GuidedPolicy,
+    answered_right,
+    credit_fork_only,
+    plan_fork,
+    score_guided_tokens,
+    stopped_groups,
+    unsolved_groups,
+)
 from rllib_search.algos.policies import EnginePolicy, ScriptedPolicy
 from rllib_search.algos.rollout import Rollout
 from rllib_search.algos.rollout_loop import roll_out
@@ -220,40 +229,70 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )
         self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started, judged)
         if self.config.guidance is not None:
-            rollouts = self._guide_unsolved_groups(episodes, rollouts, later)
+            rollouts = self._guide_groups(episodes, rollouts, later)
         self._sample_calls += 1
         return rollouts
 
-    def _guide_unsolved_groups(
+    def _guide_groups(
         self,
         episodes: Sequence[tuple[QARecord, str]],
         rollouts: list[Rollout],
         later_turns: tuple[int, float] | None,
     ) -> list[Rollout]:
         """``rollouts(guidance=...)`` (``algos/guidance.py``): the last episode of each group in which no
-        episode answered right, run again with the teacher writing its first turns."""
+        episode answered right, run again with the teacher writing its first turns; with ``"counter"``, also
+        the last episode of each one-hop group whose episodes all stopped after one search (one answering
+        right), run again with the teacher's plan that goes on, its fork alone credited. Both kinds in one
+        batch."""
         group_size = int(self.config.group_size)
-        starts = unsolved_groups([record for record, _ in episodes], rollouts, group_size)
+        settings = dict(self.config.guidance)
+        records = [record for record, _ in episodes]
+        starts = unsolved_groups(records, rollouts, group_size)
+        counter = stopped_groups(records, rollouts, group_size) if settings.get("counter") else []
+        # A question drawn twice in one batch guides its unsolved group only (the teacher knows it by uid).
+        counter = [start for start in counter if records[start].uid not in {records[s].uid for s in starts}]
         guided: list[Rollout] = []
-        if starts:
-            settings = dict(self.config.guidance)
+        countered: list[Rollout] = []
+        if starts or counter:
             turn_seed = self._turn_seed if self.config.seed is not None else None
             teacher = TeacherPolicy(self.protocol, **settings.get("teacher", {}))
+            going_on = {records[start].uid for start in counter}
             policy = GuidedPolicy(
-                ScriptedPolicy("teacher", self.protocol, self.tokenizer, teacher=teacher),
+                ScriptedPolicy(
+                    "teacher", self.protocol, self.tokenizer, teacher=GoingOnTeacher(teacher, going_on)
+                ),
                 EnginePolicy(self.engine, self.sampling, turn_seed, later_turns),
                 int(settings.get("turns", 1)),
+                going_on,
             )
-            guided = self._roll_out(
-                [episodes[start] for start in starts], self.sampling, True, policy=policy
+            redone = self._roll_out(
+                [episodes[start] for start in starts + counter], self.sampling, True, policy=policy
             )[0]
-            if self.module is not None and self.config.old_logprobs == "sampler":
-                guided = [score_guided_tokens(self.module, rollout) for rollout in guided]
-            for start, rollout in zip(starts, guided):
+            guided = redone[: len(starts)]
+            replacements = list(zip(starts, guided))
+            for start, rollout in zip(counter, redone[len(starts) :]):
+                fork_only = self._fork_credited(teacher, records[start], rollout)
+                if fork_only is not None:
+                    countered.append(fork_only)
+                    replacements.append((start, fork_only))
+            for start, rollout in replacements:
+                if self.module is not None and self.config.old_logprobs == "sampler":
+                    rollout = score_guided_tokens(self.module, rollout)
                 rollouts[start + group_size - 1] = rollout
         self.metrics.log_value("guided_groups", len(guided), reduce="sum")
         self.metrics.log_value("guided_solved", sum(answered_right(r) for r in guided), reduce="sum")
+        if settings.get("counter"):
+            self.metrics.log_value("counter_groups", len(countered), reduce="sum")
+            self.metrics.log_value("counter_right", sum(answered_right(r) for r in countered), reduce="sum")
         return rollouts
+
+    def _fork_credited(self, teacher: TeacherPolicy, record: QARecord, rollout: Rollout) -> Rollout | None:
+        """A counter-guided ``rollout`` of ``record`` with its plan's fork alone credited (None when the plan
+        that goes on never departs from the one that stops, or its tokens are not the episode's)."""
+        tokens = self.tokenizer(teacher.going_on_plan(record), add_special_tokens=False)["input_ids"]
+        stops = self.tokenizer(teacher.segment(record, 0, []), add_special_tokens=False)["input_ids"]
+        fork = plan_fork(stops, tokens)
+        return None if fork is None else credit_fork_only(rollout, tokens, fork)
 
     def rollout_records(self, records: Sequence[QARecord], temperature: float = 0.0) -> list[Rollout]:
         """One episode per record at ``temperature`` (greedy by default), outside the training stream: no

@@ -42,9 +42,11 @@ teacher hesitates); and execution copies the plan as with the echo. Why: RL that
 questions then has no token to move on one-hop ones, whose plans never reach ", then" (greedy decoding
 keeps their "." while it stays the likelier token).
 
-``alternatives`` gives, for each turn, the other turns this teacher writes at that point for questions that
-need a different number of further hops; the first token where a demonstration's turn departs from one of
-them is a decision token (``algos/demonstrations.py`` weights its NLL).
+``going_on_plan`` is the first turn of a plan that goes on to a second hop on any question (off-policy
+counter-guidance writes it on one-hop questions: ``algos/guidance.py``). ``alternatives`` gives, for each
+turn, the other turns this teacher writes at that point for questions that need a different number of
+further hops; the first token where a demonstration's turn departs from one of them is a decision token
+(``algos/demonstrations.py`` weights its NLL).
 """
 
 from __future__ import annotations
@@ -181,6 +183,19 @@ class TeacherPolicy:
         if turn < len(hops):  # it searches again; the alternative answers with what it found
             return [self.protocol.render_answer(found, thought=f"The results say {found}.")]
         return [self._search_next(found, f"{found} next")]  # it answers; the alternative searches again
+
+    def going_on_plan(self, record: QARecord) -> str:
+        """The first turn of a plan that goes on past the first hop whatever the question needs: the plan
+        of every hop of a multi-hop question (never hesitating), and for a one-hop question a plan with a
+        placeholder second hop (", then its next relation", as in :meth:`alternatives`). What a policy
+        that spreads the second search to one-hop questions writes. Needs ``state_plan``."""
+        if not self.state_plan:
+            raise ValueError("going_on_plan is a stated plan: the teacher needs state_plan=True")
+        hops = hops_of(record)
+        if not hops:
+            raise ValueError(f"question {record.uid!r} carries no hop chain to plan")
+        more = self._rest_of_plan(hops) or ", then its next relation"
+        return self._plan(hops[0]["query"], more + (", then answer" if self.echo_plan else ""))
 
     def _echo_alternatives(self, record: QARecord, turn: int, hops: Sequence[dict[str, str]]) -> list[str]:
         """With ``echo_plan``: at the plan, the plan of one hop or of more (" answer" vs " its"); after each
