@@ -39,7 +39,8 @@ def test_guidance_config_is_checked(model_dir, world, corpus):
         ({"teacher": "state_plan"}, "keyword arguments"),
         ({"teacher": {"plan": True}}, "unexpected keyword argument 'plan'"),
         ({"teacher": {"lazy_plan": True}}, "needs state_plan=True"),
-        ({"counter": True}, "its teacher needs state_plan=True"),
+        ({"counter": "fork"}, "its teacher needs state_plan=True"),
+        ({"teacher": LAZY_ECHO, "counter": True}, "None, 'plan' or 'fork'"),
     ]:
         with pytest.raises(ValueError, match=message):
             config.copy(copy_frozen=False).rollouts(guidance=bad).validate()
@@ -48,7 +49,9 @@ def test_guidance_config_is_checked(model_dir, world, corpus):
     with pytest.raises(ValueError, match="old_logprobs='recompute'"):
         config.copy(copy_frozen=False).rollouts(guidance={}, engine="vllm").validate_guidance()
     config.copy(copy_frozen=False).rollouts(guidance={}).validate()  # defaults: one turn, plain teacher
-    config.copy(copy_frozen=False).rollouts(guidance={"teacher": LAZY_ECHO, "counter": True}).validate()
+    for counter in ("plan", "fork"):
+        guidance = {"teacher": LAZY_ECHO, "counter": counter}
+        config.copy(copy_frozen=False).rollouts(guidance=guidance).validate()
 
 
 def test_the_plan_that_goes_on_departs_from_the_one_that_stops_at_its_fork(smollm2_tokenizer, world):
@@ -153,15 +156,14 @@ def test_a_guided_iteration_trains_where_an_unguided_one_has_no_advantage(
     assert moved["guided"] > 100 * moved["plain"]
 
 
-def test_a_one_hop_group_that_always_stopped_gets_a_plan_that_goes_on_credited_at_its_fork(
-    model_dir, world, corpus
-):
+@pytest.mark.parametrize("counter", ["plan", "fork"])
+def test_a_one_hop_group_that_always_stopped_gets_a_plan_that_goes_on(model_dir, world, corpus, counter):
     """Counter-guidance: of a one-hop group whose episodes all searched once, one answering right, the last
-    episode is re-run with the teacher's plan that goes on; only the plan's "," is credited, scored with the
-    runner's weights. A one-hop group with a second search, a two-hop group and a group with no right
-    answer (guided as before, in the same batch) are not countered."""
+    episode is re-run with the teacher's plan that goes on, scored with the runner's weights and credited
+    as a sampled plan ("plan") or at its "," alone ("fork"). A one-hop group with a second search, a two-hop
+    group and a group with no right answer (guided as before, in the same batch) are not countered."""
     config = make_config(SearchGRPOConfig, model_dir, world, corpus).rollouts(
-        group_size=3, guidance={"turns": 1, "teacher": LAZY_ECHO, "counter": True}
+        group_size=3, guidance={"turns": 1, "teacher": LAZY_ECHO, "counter": counter}
     )
     runner = LLMEnvRunner(config=config)
     one_hop = [r for r in world.train if len(hops_of(r)) == 1][:3]
@@ -186,12 +188,18 @@ def test_a_one_hop_group_that_always_stopped_gets_a_plan_that_goes_on_credited_a
     teacher = TeacherPolicy(runner.protocol, **LAZY_ECHO)
     start, end = countered.turn_spans[0]
     assert runner.tokenizer.decode(countered.token_ids[start:end]) == teacher.going_on_plan(one_hop[0])
-    (credited,) = np.flatnonzero(countered.loss_mask)
-    assert start < credited < end and runner.tokenizer.decode(countered.token_ids[credited]) == ","
+    if counter == "fork":
+        (credited,) = np.flatnonzero(countered.loss_mask)
+        assert start < credited < end and runner.tokenizer.decode(countered.token_ids[credited]) == ","
+    else:  # every generated token, as in a sampled episode (the learner keeps the trained turns)
+        assert countered.loss_mask[start:end].all()
+        credited = int(np.flatnonzero(countered.loss_mask)[-1])
+        assert countered.loss_mask.sum() > end - start  # the engine's turns after the plan too
     with torch.no_grad():
         logits = runner.module.model(torch.as_tensor(countered.token_ids)[None]).logits[0].float()
     expected = torch.log_softmax(logits[credited - 1], -1)[countered.token_ids[credited]]
     assert countered.logprobs[credited] == pytest.approx(float(expected), abs=1e-4)
+    assert np.isfinite(countered.logprobs[countered.loss_mask.astype(bool)]).all()
     assert metrics["counter_right"] == float(answered_right(countered))
     guided = after[8]  # the unsolved group's: the teacher's own plan, every token of it credited
     plan_start, plan_end = guided.turn_spans[0]

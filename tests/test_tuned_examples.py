@@ -45,7 +45,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
         *("--calibration-questions", "1"),
         *("--rl-read-forks", "--rl-recipe", "auto"),
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
-        *("--rl-dynamic-sampling", "2", "--rl-guidance", "--rl-counter-guidance"),
+        *("--rl-dynamic-sampling", "2", "--rl-guidance", "--rl-counter-guidance", "plan"),
     ]
     argv = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
     argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--score-readings", "1", "1,2"]

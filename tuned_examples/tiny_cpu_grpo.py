@@ -463,12 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rl-counter-guidance",
-        action=argparse.BooleanOptionalAction,
-        default=False,
+        choices=("plan", "fork"),
         help="GRPO, with --rl-guidance and --state-plan: also in each 1-hop group whose episodes all "
         "searched once, one answering right, re-run its last episode with the teacher's plan that goes on to "
-        "a second hop, crediting that plan's fork alone, so that a wrong answer there lowers the second "
-        "search on 1-hop questions (algos/guidance.py; stop 86 of docs/main_job.md)",
+        "a second hop, credited as a sampled plan ('plan') or at its fork alone ('fork'), so that a wrong "
+        "answer there lowers the second search on 1-hop questions (off by default; algos/guidance.py; stop "
+        "86 of docs/main_job.md)",
     )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument(
@@ -933,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
         teacher = {"state_plan": args.state_plan, "lazy_plan": args.lazy_plan, "echo_plan": args.echo_plan}
         rl_guidance = {"turns": args.rl_trained_turns or 1, "teacher": {**teacher, "seed": args.seed}}
         if args.rl_counter_guidance:
-            rl_guidance["counter"] = True
+            rl_guidance["counter"] = args.rl_counter_guidance
     grpo_config = (
         base_config(
             SearchGRPOConfig,

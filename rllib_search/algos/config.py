@@ -175,11 +175,14 @@ class SearchConfig(AlgorithmConfig):
         (``env/teacher.TeacherPolicy`` with the ``teacher`` keyword arguments; questions need their hop
         chain) and the rest by the engine. The runner scores the teacher's tokens with its own weights;
         ``env_runners/guided_groups`` and ``env_runners/guided_solved`` count the guided episodes and those
-        that answered right; the other ``env_runners`` metrics describe the sampled episodes alone. With
-        ``"counter": True`` (a teacher with ``state_plan``), counter-guidance too: in each group of a one-hop
-        question whose episodes all searched once, one answering right, the last episode is run again with
-        the teacher's plan that goes on to a second hop and the engine's turns after it, and its loss
-        credits the plan's fork alone (``env_runners/counter_groups``, ``env_runners/counter_right``)."""
+        that answered right; the other ``env_runners`` metrics describe the sampled episodes alone.
+
+        ``guidance["counter"]``, ``"plan"`` or ``"fork"`` (a teacher with ``state_plan``): counter-guidance
+        too. In each group of a one-hop question whose episodes all searched once, one answering right, the
+        last episode is run again with the teacher's plan that goes on to a second hop and the engine's
+        turns after it; its loss credits the plan as a sampled one's (``"plan"``) or its fork alone
+        (``"fork"``; under ``sequence`` loss aggregation that one token weighs as much as a whole episode:
+        docs/main_job.md, stop 86). ``env_runners/counter_groups`` and ``counter_right`` count them."""
         for name, value in locals().items():
             if name != "self" and value is not NotProvided:
                 setattr(self, name, value)
@@ -409,7 +412,10 @@ class SearchConfig(AlgorithmConfig):
             TeacherPolicy(get_protocol(protocol), **teacher)
         except (TypeError, ValueError) as error:
             raise ValueError(f"guidance teacher {teacher!r}: {error}") from None
-        if self.guidance.get("counter") and not teacher.get("state_plan"):
+        counter = self.guidance.get("counter")
+        if counter not in (None, "plan", "fork"):
+            raise ValueError(f"guidance counter must be None, 'plan' or 'fork', got {counter!r}")
+        if counter and not teacher.get("state_plan"):
             raise ValueError("guidance counter writes a plan that goes on: its teacher needs state_plan=True")
         if int(self.group_size) < 2:
             raise ValueError("rollouts(guidance=...) replaces one episode of a group: group_size >= 2")

@@ -242,8 +242,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """``rollouts(guidance=...)`` (``algos/guidance.py``): the last episode of each group in which no
         episode answered right, run again with the teacher writing its first turns; with ``"counter"``, also
         the last episode of each one-hop group whose episodes all stopped after one search (one answering
-        right), run again with the teacher's plan that goes on, its fork alone credited. Both kinds in one
-        batch."""
+        right), run again with the teacher's plan that goes on, credited as a sampled plan (``"plan"``) or at
+        its fork alone (``"fork"``). Both kinds in one batch."""
         group_size = int(self.config.group_size)
         settings = dict(self.config.guidance)
         records = [record for record, _ in episodes]
@@ -271,10 +271,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             guided = redone[: len(starts)]
             replacements = list(zip(starts, guided))
             for start, rollout in zip(counter, redone[len(starts) :]):
-                fork_only = self._fork_credited(teacher, records[start], rollout)
-                if fork_only is not None:
-                    countered.append(fork_only)
-                    replacements.append((start, fork_only))
+                if settings["counter"] == "fork":
+                    rollout = self._fork_credited(teacher, records[start], rollout)
+                if rollout is not None:
+                    countered.append(rollout)
+                    replacements.append((start, rollout))
             for start, rollout in replacements:
                 if self.module is not None and self.config.old_logprobs == "sampler":
                     rollout = score_guided_tokens(self.module, rollout)
