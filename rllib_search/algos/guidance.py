@@ -14,15 +14,17 @@ own policy (the weights that sampled the group), so a guided token's PPO ratio s
 token's does. LUFFY's policy shaping (a reweighted ratio for the off-policy tokens) is not applied: here
 the guide writes a turn or two the warm start was trained on, not a long trace of another model.
 
-Counter-guidance (``guidance={..., "counter": True}``) is the mirror for the other failure, a second
-search spreading to one-hop questions (docs/main_job.md, stops 84-85: the update that raises a two-hop
-plan's "," raises it on one-hop questions too, and their groups seldom sample a plan that goes on, so
-nothing pushes back). In each group of a one-hop question whose episodes all searched once and at least
-one answered right, the last episode is re-run with the teacher's plan that goes on
-(:meth:`~rllib_search.env.teacher.TeacherPolicy.going_on_plan`) and the engine's turns after it. Its loss
-credits one token, the plan's fork (where it departs from the plan that stops): when the episode answers
-wrong, its advantage lowers that fork on that question, and the rest of the plan, whose placeholder
-relation no policy writes, is not trained.
+Counter-guidance (``guidance={..., "counter": "plan" | "fork"}``) is the mirror for the other failure, a
+second search spreading to one-hop questions (docs/main_job.md, stops 84-85: the update that raises a
+two-hop plan's "," raises it on one-hop questions too, and their groups seldom sample a plan that goes on,
+so nothing pushes back). In each group of a one-hop question whose episodes all searched once and at
+least one answered right, the last episode is re-run with the teacher's plan that goes on
+(:meth:`~rllib_search.env.teacher.TeacherPolicy.going_on_plan`) and the engine's turns after it. When it
+answers wrong, its advantage lowers that plan on that question: credited as a sampled plan would be
+(``"plan"``), or at its fork alone (``"fork"``: where it departs from the plan that stops, leaving the
+placeholder relation no policy writes untrained; but under ``sequence`` loss aggregation a one-token
+sequence weighs a whole episode, and on seed 1 of the main job it took the second search from two-hop
+questions too, stop 86).
 
 Written by hand: no RL library guides multi-turn env rollouts with a scripted teacher (TRL, verl and
 OpenRLHF mix off-policy traces only into single-turn completions).
