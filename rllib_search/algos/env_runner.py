@@ -250,7 +250,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         starts = unsolved_groups(records, rollouts, group_size)
         counter = stopped_groups(records, rollouts, group_size) if settings.get("counter") else []
         # A question drawn twice in one batch guides its unsolved group only (the teacher knows it by uid).
-        counter = [start for start in counter if records[start].uid not in {records[s].uid for s in starts}]
+        unsolved_uids = {records[start].uid for start in starts}
+        counter = [start for start in counter if records[start].uid not in unsolved_uids]
         guided: list[Rollout] = []
         countered: list[Rollout] = []
         if starts or counter:
