@@ -79,7 +79,7 @@ def test_a_seed_whose_main_job_fails_is_recorded_and_the_sweep_exits_1(tmp_path)
 
 def test_a_seed_is_reused_only_under_the_same_flags_and_defaults(tmp_path):
     """A seed's earlier run is read back when it ran with the same flags under the main job's defaults of
-    now; one recorded under another default (the search cost was 0 before stop 85), with other flags, for
+    now; one recorded under another default (the search cost was 0.1 in stops 85-87), with other flags, for
     another seed or by a sweep that kept only the flags runs again."""
     seeds = _script()
     flags = ["--rl-iterations", "6"]

@@ -292,7 +292,7 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     assert defaults.rl_guidance and not job.parse_args(["--no-rl-guidance"]).rl_guidance
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
-    assert defaults.search_cost == 0.1  # a right answer's extra searches cost (stop 85)
+    assert defaults.search_cost == 0.0  # the papers' EM (0.1 in stops 85-87: one seed lifted, two lost)
     assert defaults.topk == 2  # passages an observation shows
     assert defaults.reading_weight == 1.0  # what a thought after a search reads: plain NLL
     # The turn budget fits every turn the teacher writes on the embedded world (48 cut a 2-hop question's
