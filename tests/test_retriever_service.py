@@ -3,6 +3,7 @@ dynamic batching, surviving a killed replica, and the env using it."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -204,7 +205,7 @@ def test_serve_config_yaml_builds_the_app(index_dir):
 INGRESSES = {"proxy actor": [], "HAProxy": ["--high-throughput"]}
 
 
-def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str], port: int):
+def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str], port: int, taken: list[int]):
     """``rllib-search serve retriever`` on its own local Ray (two replicas) in a subprocess, on ``port``;
     returns the process and its port."""
     import subprocess
@@ -213,8 +214,18 @@ def start_serve_retriever(index_dir: Path, log_path: Path, extra: list[str], por
     command = [sys.executable, "-m", "rllib_search.cli", "serve", "retriever", "--index", str(index_dir)]
     command += ["--port", str(port), "--address", "local", "--num-cpus", "0.5"]
     command += ["--min-replicas", "2", "--max-replicas", "2", "--duration-s", "600", *extra]
+    # HAProxy's stats and metrics frontends bind fixed ports (8404, 9101) on all interfaces unless told
+    # otherwise; a CI run had them taken and HAProxy exited at start, so each server gets free ones.
+    haproxy_ports = [free_port(exclude=taken)]
+    haproxy_ports.append(free_port(exclude=[*taken, *haproxy_ports]))
+    taken.extend(haproxy_ports)
+    env = {
+        **os.environ,
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(haproxy_ports[0]),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(haproxy_ports[1]),
+    }
     with log_path.open("w") as log:  # the child writes to its own copy of the descriptor
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True), port
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env), port
 
 
 def check_serve_retriever(process, port: int, log_path: Path, ingress: str) -> None:
@@ -264,8 +275,9 @@ def test_serve_retriever_command(index_dir, tmp_path):
     for _ in INGRESSES:  # distinct: neither server has bound its port when the other's is drawn
         ports.append(free_port(exclude=ports))
     logs = [tmp_path / f"{i}.log" for i in range(len(INGRESSES))]
+    taken = list(ports)  # the servers' ports, then each HAProxy's stats and metrics ports
     started = {
-        ingress: (*start_serve_retriever(index_dir, log, extra, port), log)
+        ingress: (*start_serve_retriever(index_dir, log, extra, port, taken), log)
         for (ingress, extra), port, log in zip(INGRESSES.items(), ports, logs, strict=True)
     }
     try:
