@@ -34,13 +34,14 @@ def model_dir(tmp_path_factory):
 def test_guidance_config_is_checked(model_dir, world, corpus):
     config = make_config(SearchGRPOConfig, model_dir, world, corpus)
     for bad, message in [
-        ({"turn": 1}, "dict with 'turns', 'teacher' and 'counter'"),
+        ({"turn": 1}, "dict with 'turns', 'teacher', 'counter' and 'counter_from'"),
         ({"turns": 0}, "at least 1"),
         ({"teacher": "state_plan"}, "keyword arguments"),
         ({"teacher": {"plan": True}}, "unexpected keyword argument 'plan'"),
         ({"teacher": {"lazy_plan": True}}, "needs state_plan=True"),
         ({"counter": "fork"}, "its teacher needs state_plan=True"),
         ({"teacher": LAZY_ECHO, "counter": True}, "None, 'plan' or 'fork'"),
+        ({"teacher": LAZY_ECHO, "counter": "plan", "counter_from": 0}, "counter_from must be at least 1"),
     ]:
         with pytest.raises(ValueError, match=message):
             config.copy(copy_frozen=False).rollouts(guidance=bad).validate()
@@ -207,3 +208,28 @@ def test_a_one_hop_group_that_always_stopped_gets_a_plan_that_goes_on(model_dir,
         one_hop[2], 0, []
     )
     assert guided.loss_mask[plan_start:plan_end].all()
+
+
+def test_counter_guidance_starts_at_the_runners_counter_from_th_sample(model_dir, world, corpus):
+    """``counter_from``: before the runner's N-th sample a one-hop group that always stopped is left as
+    sampled (an unsolved group is still guided); from that sample on it is countered."""
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus).rollouts(
+        group_size=2, guidance={"turns": 1, "teacher": LAZY_ECHO, "counter": "plan", "counter_from": 3}
+    )
+    runner = LLMEnvRunner(config=config)
+    one_hop = [r for r in world.train if len(hops_of(r)) == 1][:2]
+    episodes = [(record, f"{record.uid}@test") for record in one_hop for _ in range(2)]
+    sampled = runner._roll_out(episodes, runner.sampling, seeded=True)[0]
+    sampled = [
+        replace(r, answer=r.golden_answers[0] if i == 0 else "nobody", stats={**r.stats, "searches": 1})
+        for i, r in enumerate(sampled)
+    ]
+    counted = []
+    for calls in (0, 1, 2):  # the runner's 1st, 2nd and 3rd samples
+        runner._sample_calls = calls
+        after = runner._guide_groups(episodes, list(sampled), None)
+        metrics = {key: float(value) for key, value in runner.get_metrics().items() if key != "reward"}
+        assert metrics["guided_groups"] == 1 and after[3] is not sampled[3]  # the unsolved group, always
+        counted.append(metrics["counter_groups"])
+        assert (after[1] is sampled[1]) == (calls < 2)
+    assert counted == [0.0, 0.0, 1.0]

@@ -293,6 +293,10 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
     assert defaults.search_cost == 0.0  # the papers' EM (0.1 in stops 85-87: one seed lifted, two lost)
+    # Counter-guidance is off; from iteration 5 (stop 89) it lifted no failing seed, from 1 it undid 2-hop.
+    assert defaults.rl_counter_guidance is None and defaults.rl_counter_from == 1
+    with pytest.raises(SystemExit):
+        job.parse_args(["--rl-counter-guidance", "plan", "--rl-counter-from", "0"])
     assert defaults.topk == 2  # passages an observation shows
     assert defaults.reading_weight == 1.0  # what a thought after a search reads: plain NLL
     # The turn budget fits every turn the teacher writes on the embedded world (48 cut a 2-hop question's

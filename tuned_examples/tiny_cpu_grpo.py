@@ -471,6 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
         "answer there lowers the second search on 1-hop questions (off by default; algos/guidance.py; stop "
         "86 of docs/main_job.md)",
     )
+    p.add_argument(
+        "--rl-counter-from",
+        type=int,
+        default=1,
+        help="with --rl-counter-guidance: the first GRPO iteration that counter-guides (a later one lets RL "
+        "lift the second search on 2-hop questions before it is pushed down on 1-hop ones)",
+    )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument(
         "--eval-cache",
@@ -552,6 +559,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--calibration-close must be at least 0 (0: off), got {args.calibration_close}")
     if args.rl_counter_guidance and not (args.rl_guidance and args.state_plan):
         p.error("--rl-counter-guidance needs --rl-guidance and --state-plan (it writes a stated plan)")
+    if args.rl_counter_from < 1:
+        p.error(f"--rl-counter-from must be at least 1, got {args.rl_counter_from}")
     if args.reading_weight <= 0:
         p.error(f"--reading-weight must be positive (1: plain NLL), got {args.reading_weight}")
     for flag in ("calibration_questions", "micro_batch", "rl_micro_batch", "topk"):
@@ -935,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
         rl_guidance = {"turns": args.rl_trained_turns or 1, "teacher": {**teacher, "seed": args.seed}}
         if args.rl_counter_guidance:
             rl_guidance["counter"] = args.rl_counter_guidance
+            rl_guidance["counter_from"] = args.rl_counter_from
     grpo_config = (
         base_config(
             SearchGRPOConfig,

@@ -182,7 +182,9 @@ class SearchConfig(AlgorithmConfig):
         last episode is run again with the teacher's plan that goes on to a second hop and the engine's
         turns after it; its loss credits the plan as a sampled one's (``"plan"``) or its fork alone
         (``"fork"``; under ``sequence`` loss aggregation that one token weighs as much as a whole episode:
-        docs/main_job.md, stop 86). ``env_runners/counter_groups`` and ``counter_right`` count them."""
+        docs/main_job.md, stop 86). ``env_runners/counter_groups`` and ``counter_right`` count them.
+        ``guidance["counter_from"]`` (default 1) starts it at the runner's N-th sample (one a GRPO
+        iteration without dynamic sampling), once RL has lifted the second search where it is needed."""
         for name, value in locals().items():
             if name != "self" and value is not NotProvided:
                 setattr(self, name, value)
@@ -397,9 +399,14 @@ class SearchConfig(AlgorithmConfig):
         """Check ``rollouts(guidance=...)``."""
         if self.guidance is None:
             return
-        if not isinstance(self.guidance, dict) or set(self.guidance) - {"turns", "teacher", "counter"}:
+        if not isinstance(self.guidance, dict) or set(self.guidance) - {
+            "turns",
+            "teacher",
+            "counter",
+            "counter_from",
+        }:
             raise ValueError(
-                "guidance must be None or a dict with 'turns', 'teacher' and 'counter', "
+                "guidance must be None or a dict with 'turns', 'teacher', 'counter' and 'counter_from', "
                 f"got {self.guidance!r}"
             )
         if int(self.guidance.get("turns", 1)) < 1:
@@ -415,6 +422,8 @@ class SearchConfig(AlgorithmConfig):
         counter = self.guidance.get("counter")
         if counter not in (None, "plan", "fork"):
             raise ValueError(f"guidance counter must be None, 'plan' or 'fork', got {counter!r}")
+        if int(self.guidance.get("counter_from", 1)) < 1:
+            raise ValueError(f"guidance counter_from must be at least 1, got {self.guidance['counter_from']}")
         if counter and not teacher.get("state_plan"):
             raise ValueError("guidance counter writes a plan that goes on: its teacher needs state_plan=True")
         if int(self.group_size) < 2:

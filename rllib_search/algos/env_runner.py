@@ -243,12 +243,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         episode answered right, run again with the teacher writing its first turns; with ``"counter"``, also
         the last episode of each one-hop group whose episodes all stopped after one search (one answering
         right), run again with the teacher's plan that goes on, credited as a sampled plan (``"plan"``) or at
-        its fork alone (``"fork"``). Both kinds in one batch."""
+        its fork alone (``"fork"``), from the runner's ``counter_from``-th sample on. Both kinds in one
+        batch."""
         group_size = int(self.config.group_size)
         settings = dict(self.config.guidance)
         records = [record for record, _ in episodes]
         starts = unsolved_groups(records, rollouts, group_size)
-        counter = stopped_groups(records, rollouts, group_size) if settings.get("counter") else []
+        counter_from = int(settings.get("counter_from", 1))
+        countering = settings.get("counter") and self._sample_calls + 1 >= counter_from
+        counter = stopped_groups(records, rollouts, group_size) if countering else []
         # A question drawn twice in one batch guides its unsolved group only (the teacher knows it by uid).
         unsolved_uids = {records[start].uid for start in starts}
         counter = [start for start in counter if records[start].uid not in unsolved_uids]
