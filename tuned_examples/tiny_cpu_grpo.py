@@ -475,8 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rl-counter-from",
         type=int,
         default=1,
-        help="with --rl-counter-guidance: the first GRPO iteration that counter-guides (a later one lets RL "
-        "lift the second search on 2-hop questions before it is pushed down on 1-hop ones)",
+        help="with --rl-counter-guidance: the first GRPO iteration that counter-guides (the runner's N-th "
+        "sampling round: with --rl-dynamic-sampling an iteration may hold several); a later one lets RL "
+        "lift the second search on 2-hop questions before it is pushed down on 1-hop ones",
     )
     p.add_argument("--eval-questions", type=int, default=50, help="held-out questions per hop count")
     p.add_argument(

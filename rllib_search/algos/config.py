@@ -24,6 +24,8 @@ ENGINES = ("hf", "vllm")
 ENGINE_DTYPES = (None, "float32", "bfloat16", "float16")
 ADVANTAGE_ESTIMATORS = ("grpo", "gae", "reinforce_pp", "sft")
 KL_ESTIMATORS = ("k1", "k3")
+#: The keys of ``rollouts(guidance=...)``.
+GUIDANCE_KEYS = frozenset({"turns", "teacher", "counter", "counter_from"})
 
 
 class SearchConfig(AlgorithmConfig):
@@ -399,12 +401,7 @@ class SearchConfig(AlgorithmConfig):
         """Check ``rollouts(guidance=...)``."""
         if self.guidance is None:
             return
-        if not isinstance(self.guidance, dict) or set(self.guidance) - {
-            "turns",
-            "teacher",
-            "counter",
-            "counter_from",
-        }:
+        if not isinstance(self.guidance, dict) or set(self.guidance) - GUIDANCE_KEYS:
             raise ValueError(
                 "guidance must be None or a dict with 'turns', 'teacher', 'counter' and 'counter_from', "
                 f"got {self.guidance!r}"
