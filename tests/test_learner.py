@@ -422,6 +422,12 @@ def test_config_validation(model_dir, world, corpus):
     with pytest.raises(ValueError, match="use one or the other"):
         no_mask = {"credit_after": ", then", "mask_retrieved_tokens": False}
         make_config(SearchGRPOConfig, model_dir, world, corpus, **no_mask).validate()
+    with pytest.raises(ValueError, match="set credit_after"):
+        make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after_hops=(2,)).validate()
+    for hops in ((), "2", (0,), (1.5,), (True,)):
+        with pytest.raises(ValueError, match="credit_after_hops must be"):
+            bad = {"credit_after": ", then", "credit_after_hops": hops}
+            make_config(SearchGRPOConfig, model_dir, world, corpus, **bad).validate()
     with pytest.raises(ValueError, match="sample_retries"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(sample_retries=-1).validate()
     config = make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(
@@ -631,6 +637,31 @@ def test_credit_after_trains_only_what_follows_the_first_generated_marker(
         )
         nothing = train_batch([episode], config, 0, credit_marker=marker).policy_batches["default_policy"]
         assert nothing["loss_mask"].sum() == 0
+
+
+def test_credit_after_hops_applies_the_marker_to_the_episodes_of_those_hop_counts_only(
+    model_dir, world, corpus, demonstrations
+):
+    """``credit_after_hops`` picks the episodes the marker cuts by their question's hop count (read from the
+    record into ``Rollout.num_hops``): those of another hop count keep every generated token."""
+    by_hops = {episode.num_hops: episode for episode in demonstrations}
+    assert {1, 2} <= set(by_hops)
+    one_hop, two_hop = by_hops[1], by_hops[2]
+    marker = [one_hop.token_ids[one_hop.turn_spans[0][0] + 1]]
+    assert first_generated_occurrence(two_hop, marker) is not None
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after="x", credit_after_hops=[2])
+    config.validate()
+    assert config.credit_after_hops == (2,)
+    every = make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after="x")
+    plain = train_batch([one_hop, two_hop], every, 0, credit_marker=marker)
+    picked = train_batch([one_hop, two_hop], config, 0, credit_marker=marker)
+    uncut = train_batch([one_hop, two_hop], config, 0)
+    plain_mask, picked_mask = (b.policy_batches["default_policy"]["loss_mask"] for b in (plain, picked))
+    uncut_mask = uncut.policy_batches["default_policy"]["loss_mask"]
+    np.testing.assert_array_equal(picked_mask[0], uncut_mask[0])  # the 1-hop episode: every generated token
+    assert plain_mask[0].sum() < uncut_mask[0].sum()
+    np.testing.assert_array_equal(picked_mask[1], plain_mask[1])  # the 2-hop one: cut at the marker
+    assert 0 < picked_mask[1].sum() < uncut_mask[1].sum()
 
 
 def test_trained_turns_loss_equals_the_whole_episodes_loss_masked_after_the_first_turn(

@@ -228,8 +228,9 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     again = tmp_path / "again"
     argv = [sys.executable, str(ROOT / "tuned_examples" / "tiny_cpu_grpo.py"), "--out", str(again), *flags]
     argv += ["--warm-start", str(out / "warm_start_model")]
-    argv += ["--rl-trained-turns", "1", "--rl-credit-after", ", then"]
+    argv += ["--rl-trained-turns", "1", "--rl-credit-after", ", then", "--rl-credit-after-hops", "2"]
     argv += ["--rl-iterations", "2", "--rl-stop-on-fork-rise", "-1"]  # any reading is a rise above -1
+    argv += ["--rl-interpolate", "0.5"]  # one WiSE-FT reading halfway between the warm start and RL
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "sft step" not in done.stdout and "no SFT here" in done.stdout
@@ -244,6 +245,14 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
         for fork, p in resumed["rl_recipe"]["warm_start_forks"][hops].items():
             assert p == pytest.approx(warm_forks[hops][fork], abs=1e-4)
     assert resumed["rl_recipe"]["credit_after"] == ", then"  # the flag overrides the recipe
+    assert resumed["rl_recipe"]["credit_after_hops"] == [2]
+    mixes = resumed["rl_validation"]["interpolations"]
+    assert [mix["alpha"] for mix in mixes] == [1.0, 0.5] and mixes[0]["iteration"] == mixes[1][
+        "iteration"
+    ] == 1
+    best = max(mix["correct"] for mix in mixes)
+    assert resumed["rl_validation"]["kept_alpha"] == next(m["alpha"] for m in mixes if m["correct"] == best)
+    assert "validation at 0.5 x RL + 0.5 x warm start" in done.stdout
     first = [p for p in predictions if p["stage"] == "after warm start"]
     second = [json.loads(line) for line in (again / "predictions.jsonl").read_text().splitlines()]
     assert [p for p in second if p["stage"] == "after warm start"] == first
@@ -322,6 +331,20 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     with pytest.raises(SystemExit):
         job.parse_args(["--fork-calibration", "--two-hop-demonstrations", "0"])
     assert defaults.prompts is defaults.rl_credit_after is defaults.rl_balance_hops is None  # the recipe's
+    assert defaults.rl_credit_after_hops == ()  # the credit marker, where set, cuts every episode
+    # WiSE-FT readings between the warm start and RL's kept weights: none by default; fractions in (0, 1).
+    assert defaults.rl_interpolate == ()
+    assert job.parse_args(["--rl-interpolate", "0.5,0.75,0.5"]).rl_interpolate == (0.75, 0.5)
+    for bad in (
+        ["--rl-interpolate", "1"],
+        ["--rl-interpolate", "half"],
+        ["--rl-interpolate", "0.5", "--rl-validate-at", ""],
+    ):
+        with pytest.raises(SystemExit):
+            job.parse_args(bad)
+    assert job.parse_args(["--rl-credit-after-hops", "2"]).rl_credit_after_hops == (2,)
+    with pytest.raises(SystemExit):
+        job.parse_args(["--rl-credit-after-hops", "0"])
     assert (
         defaults.rl_stop_on_fork_rise is None
         and job.parse_args(["--rl-stop-on-fork-rise", "0.05"]).rl_read_forks

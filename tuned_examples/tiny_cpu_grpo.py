@@ -134,17 +134,26 @@ def choose_rl_recipe(forks: dict[int, dict[str, float]], switch: float) -> str:
     return "after-fork" if forks[1]["goes_on"] > switch else "whole-turn"
 
 
-def iteration_list(text: str) -> tuple[int, ...]:
-    """``--rl-validate-at``: "4,6,8" -> (4, 6, 8); "" -> () (no readings)."""
+def counts_list(text: str) -> tuple[int, ...]:
+    """``--rl-validate-at`` and ``--rl-credit-after-hops``: "4,6,8" -> (4, 6, 8); "" -> () (none)."""
     try:
-        iterations = tuple(int(part) for part in text.split(",") if part.strip())
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated iteration numbers, got {text!r}"
-        ) from None
-    if any(i < 1 for i in iterations):
-        raise argparse.ArgumentTypeError(f"iterations count from 1, got {text!r}")
-    return iterations
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if any(i < 1 for i in counts):
+        raise argparse.ArgumentTypeError(f"the numbers count from 1, got {text!r}")
+    return counts
+
+
+def fractions_list(text: str) -> tuple[float, ...]:
+    """``--rl-interpolate``: "0.5,0.75" -> (0.5, 0.75), each in (0, 1); "" -> () (none)."""
+    try:
+        fractions = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions, got {text!r}") from None
+    if any(not 0 < a < 1 for a in fractions):
+        raise argparse.ArgumentTypeError(f"each fraction lies strictly between 0 and 1, got {text!r}")
+    return tuple(sorted(set(fractions), reverse=True))
 
 
 def kept_reading(readings: list[dict[str, Any]]) -> dict[str, Any]:
@@ -360,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rl-validate-at",
-        type=iteration_list,
+        type=counts_list,
         default=(4, 6),
         help="comma-separated GRPO iterations after which the policy answers the fork-reading training "
         "questions greedily (--validation-questions of each hop count; never demonstrated nor in the RL "
@@ -383,6 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
         "each; in summary.json's grpo rows), to see whether the reading picks the iteration held-out "
         "questions would",
     )
+    p.add_argument(
+        "--rl-interpolate",
+        type=fractions_list,
+        default=(),
+        help="with --rl-validate-at: after RL keeps a reading, read the weights (1 - a) * warm start + a * "
+        "kept at each of these a in (0, 1) too (WiSE-FT; one reading each) and keep the best of them and "
+        "the kept reading, the one nearest RL on a tie, e.g. '0.5,0.75' (default: none)",
+    )
     p.add_argument("--rl-top-layers", type=int, help="train only the top N blocks in RL (default: all)")
     p.add_argument(
         "--rl-trained-turns",
@@ -396,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="GRPO credits only the tokens each episode generated after this text (', then' with "
         "--rl-trained-turns 1: what a stated plan says after its first clause, not the choice to go on); "
         "'': every generated token of the credited turns (default: the recipe's)",
+    )
+    p.add_argument(
+        "--rl-credit-after-hops",
+        type=counts_list,
+        default=(),
+        help="apply --rl-credit-after (or the recipe's) only to the episodes of these hop counts, e.g. '2' "
+        "with --rl-credit-after ', then': 2-hop groups train what the plan says after going on, not the "
+        "choice to go on, while 1-hop groups train their whole first turn (default: every episode)",
     )
     p.add_argument(
         "--rl-loss-aggregation",
@@ -579,6 +604,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rl_validate_at = tuple(
             sorted({i for i in args.rl_validate_at if i < args.rl_iterations} | {args.rl_iterations})
         )
+    if args.rl_interpolate and not args.rl_validate_at:
+        p.error("--rl-interpolate chooses by validation readings: it needs --rl-validate-at")
     if args.sft_fork_window and not 1 <= args.sft_fork_from <= args.sft_max_steps:
         p.error(
             f"--sft-fork-from must lie in 1..--sft-max-steps ({args.sft_max_steps}), got {args.sft_fork_from}"
@@ -606,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration_demonstrations,
     )
     from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
+    from rllib_search.algos.weight_interpolation import interpolate_weights
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
     from rllib_search.llm.models import (
         cache_dir,
@@ -934,6 +962,7 @@ def main(argv: list[str] | None = None) -> int:
         "warm_start_forks": warm_forks,
         "switch": args.rl_recipe_switch,
         "credit_after": credit_after,
+        "credit_after_hops": list(args.rl_credit_after_hops) if credit_after else [],
         "one_hop": one_hop,
         "two_hop": min(args.rl_two_hop, len(undemonstrated[2])),
         "prompts": prompts,
@@ -970,6 +999,7 @@ def main(argv: list[str] | None = None) -> int:
             scale_by_std=args.scale_by_std,
             trained_turns=args.rl_trained_turns,
             credit_after=credit_after,
+            credit_after_hops=(args.rl_credit_after_hops or None) if credit_after else None,
             loss_aggregation=args.rl_loss_aggregation,
         )
     )
@@ -992,6 +1022,8 @@ def main(argv: list[str] | None = None) -> int:
     validation = {h: fork_questions[h][: args.validation_questions] for h in (1, 2)}
     readings: list[dict[str, Any]] = []  # --rl-validate-at: the readings, in order
     kept_weights = None  # the weights of the best reading so far, while later iterations change them
+    # --rl-interpolate: the warm start's weights, one end of the line the interpolations lie on.
+    start_weights = grpo.policy_weights() if args.rl_interpolate else None
 
     def validate(iteration: int) -> dict[str, Any]:
         """Greedy answers of the current policy on the validation questions: right answers per hop count."""
@@ -1003,6 +1035,20 @@ def main(argv: list[str] | None = None) -> int:
             reading[f"em_{hops}hop"] = float(em.mean())
             reading["correct"] += int(em.sum())
         return reading
+
+    def held_out_if_kept(label: str) -> dict[str, Any]:
+        """``--rl-validation-held-out``, a diagnostic: the current weights' held-out evaluation and the
+        paired gain the summary would report had RL kept them (``table[-1]`` is the stage RL started
+        from), so any rule for choosing among the readings can be scored."""
+        held = evaluate(grpo, f"RL {label}")
+        scores = {k: held[k] for k in held if k.startswith(("em_", "searches_"))}
+        gain = paired_gain(flat(table[-1]), flat(held), golds, groups, seed=args.seed)
+        scores["gain"] = {f"{h}hop": gain.groups[str(h)]["em"].to_dict() for h in held_out}
+        say(
+            f"RL gain if {label} were kept: "
+            + "  ".join(f"{h}-hop {gain.groups[str(h)]['em'].format()}" for h in held_out)
+        )
+        return scores
 
     for iteration in range(1, args.rl_iterations + 1):
         result = grpo.train()
@@ -1074,20 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sum(map(len, validation.values()))} right{', the best so far' if best else ''})"
             )
             if args.rl_validation_held_out:
-                held = evaluate(grpo, f"RL iteration {iteration}")
-                row["held_out"] = {k: held[k] for k in held if k.startswith(("em_", "searches_"))}
-                # The paired gain the summary would report had RL kept this iteration (table[-1] is the
-                # stage RL started from), so any rule for choosing among the readings can be scored.
-                kept_gain = paired_gain(flat(table[-1]), flat(held), golds, groups, seed=args.seed)
-                row["held_out"]["gain"] = {
-                    f"{hops}hop": kept_gain.groups[str(hops)]["em"].to_dict() for hops in held_out
-                }
-                say(
-                    f"RL gain if iteration {iteration} were kept: "
-                    + "  ".join(
-                        f"{hops}-hop {kept_gain.groups[str(hops)]['em'].format()}" for hops in held_out
-                    )
-                )
+                row["held_out"] = held_out_if_kept(f"iteration {iteration}")
         if stops:
             break
     kept_iteration = history[-1]["iteration"] if history else 0
@@ -1099,6 +1132,25 @@ def main(argv: list[str] | None = None) -> int:
             f"RL keeps iteration {kept_iteration}'s weights (the validation reading with the most right "
             "answers)"
         )
+    kept_alpha, mixes = 1.0, []  # --rl-interpolate: the kept point of the line, the readings along it
+    if args.rl_interpolate and readings:
+        end_weights = grpo.policy_weights()
+        mixes.append({"alpha": 1.0, **kept_reading(readings)})
+        for alpha in args.rl_interpolate:  # from RL's end towards the warm start
+            grpo.load_policy_weights(interpolate_weights(start_weights, end_weights, alpha))
+            reading = {"alpha": alpha, **validate(kept_iteration)}
+            mixes.append(reading)
+            say(
+                f"validation at {alpha:g} x RL + {1 - alpha:g} x warm start: EM 1-hop "
+                f"{reading['em_1hop']:.3f}  EM 2-hop {reading['em_2hop']:.3f}  ({reading['correct']} right)"
+            )
+            if args.rl_validation_held_out:
+                reading["held_out"] = held_out_if_kept(f"mix {alpha:g}")
+        kept_alpha = max(mixes, key=lambda mix: mix["correct"])["alpha"]  # the first best: nearest RL
+        grpo.load_policy_weights(
+            end_weights if kept_alpha == 1.0 else interpolate_weights(start_weights, end_weights, kept_alpha)
+        )
+        say(f"RL keeps the weights at {kept_alpha:g} x RL + {1 - kept_alpha:g} x warm start")
     table.append(evaluate(grpo, "after RL"))
     checkpoint = grpo.save_to_path(str((out / "checkpoint").resolve()))
     grpo.stop()
@@ -1151,6 +1203,8 @@ def main(argv: list[str] | None = None) -> int:
             "questions_per_hop": {str(h): len(validation[h]) for h in validation} if readings else None,
             "readings": readings,
             "kept_iteration": kept_iteration,
+            "interpolations": mixes,  # --rl-interpolate: alpha 1 is the kept reading
+            "kept_alpha": kept_alpha,
         },
         "settings": {k: v for k, v in vars(args).items() if k != "metrics_port"},
         "machine": machine,  # the seconds depend on it more than on the recipe (docs/main_job.md stop 51)

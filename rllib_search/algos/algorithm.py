@@ -142,12 +142,17 @@ def train_batch(
     ``demonstrations`` (PPO-ptx, ``config.ptx``) follow the episodes as rows with no advantage and a
     ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead. With
     ``config.trained_turns`` the episodes' loss masks keep only their first turns; with
-    ``credit_marker`` (``config.credit_after``'s token ids) only the tokens after it."""
+    ``credit_marker`` (``config.credit_after``'s token ids) only the tokens after it, in the episodes of
+    ``config.credit_after_hops``' hop counts (every episode when None)."""
     demonstrations = demonstrations or []
     if config.trained_turns is not None:
         rollouts = [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
     if credit_marker:
-        rollouts = [credit_after(rollout, credit_marker) for rollout in rollouts]
+        hops = config.credit_after_hops
+        rollouts = [
+            credit_after(rollout, credit_marker) if hops is None or rollout.num_hops in hops else rollout
+            for rollout in rollouts
+        ]
     rows = rollouts + demonstrations
     columns = {k: v.numpy() for k, v in pad_rollouts(rows, pad_token_id).items()}
     advantages = episode_advantages(rollouts, config) if rollouts else np.zeros(0)

@@ -82,6 +82,7 @@ class SearchConfig(AlgorithmConfig):
         self.trained_turns: int | None = None
         # Credit only the tokens an episode generated after this text (None: all); see training().
         self.credit_after: str | None = None
+        self.credit_after_hops: tuple[int, ...] | None = None
         self.old_logprobs = "sampler"
         self.micro_batch_size = 4
         self.deepspeed: dict[str, Any] | None = None
@@ -315,6 +316,7 @@ class SearchConfig(AlgorithmConfig):
         mask_retrieved_tokens: bool | Any = NotProvided,
         trained_turns: int | Any | None = NotProvided,
         credit_after: str | Any | None = NotProvided,
+        credit_after_hops: tuple[int, ...] | Any | None = NotProvided,
         old_logprobs: str | Any = NotProvided,
         micro_batch_size: int | Any = NotProvided,
         deepspeed: dict[str, Any] | Any | None = NotProvided,
@@ -343,6 +345,10 @@ class SearchConfig(AlgorithmConfig):
           never decoded), e.g. ", then" with ``trained_turns=1`` to credit what a stated plan says after its
           first clause but not the choice to go on; an episode that never generated it is not trained (its
           reward still counts in its group's advantages); None: every generated token;
+        - ``credit_after_hops``: apply ``credit_after`` only to the episodes whose question has one of these
+          hop counts (``Rollout.num_hops``); the others are credited on every generated token. E.g. ``(2,)``
+          leaves 2-hop questions' choice to go on to the warm start while 1-hop groups still train theirs
+          (None: every episode);
         - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch;
         - ``deepspeed``: None (DDP across learners) or a DeepSpeed config dict, e.g.
           ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned;
@@ -477,6 +483,18 @@ class SearchConfig(AlgorithmConfig):
                     "credit_after selects generated tokens; with mask_retrieved_tokens=False (Search-R1's "
                     "no-mask ablation) the loss covers retrieved tokens too: use one or the other"
                 )
+        if self.credit_after_hops is not None:
+            hops = self.credit_after_hops
+            if self.credit_after is None:
+                raise ValueError("credit_after_hops picks episodes for credit_after: set credit_after")
+            if (
+                isinstance(hops, (str, bytes))
+                or not hasattr(hops, "__iter__")
+                or not hops
+                or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hops)
+            ):
+                raise ValueError(f"credit_after_hops must be None or hop counts of at least 1, got {hops!r}")
+            self.credit_after_hops = tuple(hops)
         if not (0 <= self.gamma <= 1 and 0 <= self.lambda_ <= 1):
             raise ValueError("gamma and lambda_ must be in [0, 1]")
         if int(self.micro_batch_size) < 1:

@@ -23,8 +23,9 @@ class Rollout:
     segment), the reward and its components, the GRPO ``group_id`` (unique across datasets and draws) and
     the ``weights_version`` of the policy that sampled it. ``evidence_answer`` is what the evidence judge
     answered from the episode's evidence (R-Search), ``reward_notes`` why a reward term is 0,
-    ``format_valid`` whether the response followed the protocol's format, and ``nll_weights`` (demonstrations
-    only; None means 1 everywhere) a weight per token on its NLL term in SFT and PPO-ptx."""
+    ``format_valid`` whether the response followed the protocol's format, ``nll_weights`` (demonstrations
+    only; None means 1 everywhere) a weight per token on its NLL term in SFT and PPO-ptx, and ``num_hops``
+    the question's hop count where its record carries one (``extra["num_hops"]``; None otherwise)."""
 
     token_ids: np.ndarray
     loss_mask: np.ndarray
@@ -46,6 +47,7 @@ class Rollout:
     reward_notes: dict[str, str] = field(default_factory=dict)
     format_valid: bool = False
     nll_weights: np.ndarray | None = None
+    num_hops: int | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -82,6 +84,7 @@ class Rollout:
             evidence_answer=env.evidence_answer,
             reward_notes=dict(env.reward_breakdown.notes),
             format_valid=env.response_summary.format_valid,
+            num_hops=hops if isinstance(hops := record.extra.get("num_hops"), int) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

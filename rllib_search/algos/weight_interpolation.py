@@ -1,0 +1,45 @@
+"""Weights interpolated between where fine-tuning started and where it ended (WiSE-FT).
+
+Wortsman et al. (2022, "Robust fine-tuning of zero-shot models") keep a fine-tuned model's gains and much
+of its starting point's behaviour off the fine-tuning distribution by averaging the two models' weights,
+``(1 - alpha) * start + alpha * end``. Here the start is the warm start and the end is RL's kept policy:
+RL lifts the second search on 2-hop questions by a wide margin and spreads it to some 1-hop questions by
+a narrow one, so a point on the line between them can keep the first and undo the second.
+
+Written by hand: the averaging is one expression over RLlib's nested weight dicts
+(``LearnerGroup.get_weights()``: module id -> parameter name -> array), a layout no library mixes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def interpolate_weights(start: Any, end: Any, alpha: float) -> Any:
+    """``(1 - alpha) * start + alpha * end`` over two weight trees of the same layout (dicts of numpy
+    arrays or tensors, as ``SearchAlgorithm.policy_weights()`` returns them); floating-point leaves are
+    mixed in their own dtype, any other leaf (integer buffers, step counts) is taken from ``end``.
+    ``alpha`` 0 gives ``start``'s values and 1 ``end``'s."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if isinstance(end, dict):
+        if not isinstance(start, dict) or start.keys() != end.keys():
+            raise ValueError("the two weight trees differ in their keys")
+        return {key: interpolate_weights(start[key], end[key], alpha) for key in end}
+    if isinstance(end, torch.Tensor):
+        if not isinstance(start, torch.Tensor) or start.shape != end.shape:
+            raise ValueError(f"a tensor of shape {tuple(end.shape)} has no counterpart of that shape")
+        if not end.is_floating_point():
+            return end.clone()
+        return torch.lerp(start.to(end.dtype), end, alpha)
+    if isinstance(end, np.ndarray):
+        start = np.asarray(start)
+        if start.shape != end.shape:
+            raise ValueError(f"an array of shape {end.shape} has no counterpart of that shape")
+        if not np.issubdtype(end.dtype, np.floating):
+            return end.copy()
+        return ((1.0 - alpha) * start.astype(end.dtype) + alpha * end).astype(end.dtype)
+    return end
