@@ -119,7 +119,9 @@ def test_a_row_keeps_the_stages_its_run_evaluated():
     }
     row = seeds.seed_row(7, summary)
     assert row["em"] == stages and row["searches_2hop"] == {"after warm start": 1.2, "after RL": 1.7}
-    assert row["meets_goal"] and row["kept_iteration"] == 6
+    assert row["meets_goal"] and row["kept_iteration"] == 6 and row["kept_alpha"] == 1.0
+    mixed = seeds.seed_row(9, {**summary, "rl_validation": {"kept_iteration": 6, "kept_alpha": 0.25}})
+    assert seeds.kept_weights(row) == "6" and seeds.kept_weights(mixed) == "6 (0.25 x RL)"
     document = seeds.report([row], ["--calibration-turns", "2"], failed=[8])
     assert document["passes"] == 1 and document["failed_seeds"] == [8]
     assert document["mean_rl_gain_2hop"]["value"] == pytest.approx(0.30)
@@ -209,6 +211,10 @@ def test_reading_schedules_are_scored_by_the_jobs_rule_on_the_runs_held_out_read
     assert tied["kept_iteration"] == 4 and tied["meets_goal"] and tied["rl_gain_2hop"] == 0.36
     assert outcome(summary, (1, 2)) is None and outcome(summary, (4, 5)) is None  # 1 unread; 5 no held-out
     assert outcome(summary, (6,)) is None  # the run stopped before
+    # A run that read WiSE-FT mixes read them only at the iteration it kept: no other schedule is known.
+    mixes = [{"alpha": 1.0, "correct": 27}, {"alpha": 0.25, "correct": 25}]
+    read_mixes = {**summary, "rl_validation": {"kept_iteration": 4, "interpolations": mixes}}
+    assert outcome(read_mixes, (2, 3, 4)) is None
     schedules = ((2,), (2, 3, 4), (4, 5))
     rows = [seeds.seed_row(seed, summary, schedules) for seed in (0, 1)]
     assert rows[0]["schedules"]["2,3,4"] == tied and rows[0]["schedules"]["4,5"] is None

@@ -332,8 +332,11 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
         job.parse_args(["--fork-calibration", "--two-hop-demonstrations", "0"])
     assert defaults.prompts is defaults.rl_credit_after is defaults.rl_balance_hops is None  # the recipe's
     assert defaults.rl_credit_after_hops == ()  # the credit marker, where set, cuts every episode
-    # WiSE-FT readings between the warm start and RL's kept weights: none by default; fractions in (0, 1).
-    assert defaults.rl_interpolate == ()
+    # WiSE-FT readings between the warm start and RL's kept weights (stop 90): a quarter of the way from
+    # the warm start, wherever RL is read; '' reads none; fractions in (0, 1).
+    assert defaults.rl_interpolate == job.RL_INTERPOLATION == (0.25,)
+    assert job.parse_args(["--rl-validate-at", ""]).rl_interpolate == ()
+    assert job.parse_args(["--rl-interpolate", ""]).rl_interpolate == ()
     assert job.parse_args(["--rl-interpolate", "0.5,0.75,0.5"]).rl_interpolate == (0.75, 0.5)
     for bad in (
         ["--rl-interpolate", "1"],

@@ -140,7 +140,11 @@ def scheduled_outcome(summary: dict[str, Any], schedule: tuple[int, ...]) -> dic
     """What a run would have reported had it stopped after iteration ``schedule[-1]`` with readings after
     the iterations in ``schedule``: the iteration kept, its held-out paired gains and issue 13's verdict.
     None when the run lacks a reading, or the held-out evaluation of one, at an iteration of ``schedule``
-    (it ran without ``--rl-validation-held-out`` or stopped earlier)."""
+    (it ran without ``--rl-validation-held-out`` or stopped earlier), or read WiSE-FT mixes after RL (the
+    default since stop 90: a mix is read only at the iteration the run kept; sweep with
+    ``-- --rl-interpolate ''`` to score schedules)."""
+    if (summary.get("rl_validation") or {}).get("interpolations"):
+        return None
     by_iteration = {row["iteration"]: row for row in summary.get("grpo", [])}
     rows = [by_iteration.get(iteration) for iteration in schedule]
     if any(row is None or "validation" not in row or "held_out" not in row for row in rows):
@@ -178,12 +182,20 @@ def seed_row(
         "rl_gain_1hop": summary["rl_gain_1hop"],
         "rl_gain_1hop_interval": summary["rl_gain_1hop_interval"],
         "kept_iteration": (summary.get("rl_validation") or {}).get("kept_iteration"),
+        "kept_alpha": (summary.get("rl_validation") or {}).get("kept_alpha", 1.0),  # WiSE-FT's, stop 90
         "seconds": summary["seconds"],
         "machine": summary.get("machine"),  # absent in runs before stop 53
         "meets_goal": meets,
         "why_not": reasons,
         "schedules": {schedule_name(s): scheduled_outcome(summary, s) for s in schedules},
     }
+
+
+def kept_weights(row: dict[str, Any]) -> str:
+    """The report's "kept" cell: the iteration RL kept, and the WiSE-FT mix where one was kept
+    (``6 (0.25 x RL)``: a quarter of the way from the warm start to iteration 6's weights)."""
+    alpha = row.get("kept_alpha", 1.0)
+    return f"{row['kept_iteration']}" + ("" if alpha in (None, 1.0) else f" ({alpha:g} x RL)")
 
 
 def schedule_name(schedule: tuple[int, ...]) -> str:
@@ -277,7 +289,7 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {rl['1hop']:.2f} / {rl['2hop']:.2f} "
             f"| {row['rl_gain_2hop']:+.2f} [{g2[0]:+.2f}, {g2[1]:+.2f}] "
             f"| {row['rl_gain_1hop']:+.2f} [{g1[0]:+.2f}, {g1[1]:+.2f}] "
-            f"| {searches['after warm start']:.2f} -> {searches['after RL']:.2f} | {row['kept_iteration']} "
+            f"| {searches['after warm start']:.2f} -> {searches['after RL']:.2f} | {kept_weights(row)} "
             f"| {row['seconds']:.0f}{machine_speed(row.get('machine'))} | {verdict} |"
         )
     machines: dict[str, list[int]] = {}
