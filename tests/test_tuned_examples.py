@@ -46,6 +46,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
         *("--rl-read-forks", "--rl-recipe", "auto"),
         *("--rl-validate-at", "1", "--validation-questions", "2", "--rl-validation-held-out"),
         *("--rl-dynamic-sampling", "2", "--rl-guidance", "--rl-counter-guidance", "plan"),
+        *("--rl-interpolate", ""),  # no WiSE-FT reading: --score-readings scores only runs without one
     ]
     argv = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
     argv += ["--seeds", "0", "--out", str(sweep), "--keep-checkpoints", "--score-readings", "1", "1,2"]
@@ -154,6 +155,7 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     assert row["rl_gain_2hop"] == summary["rl_gain_2hop"] and row["em"] == summary["em"]
     assert row["meets_goal"] == (not row["why_not"]) and document["passes"] == int(row["meets_goal"])
     assert row["kept_iteration"] == validation["kept_iteration"]
+    assert validation["interpolations"] == [] and validation["kept_alpha"] == 1.0 == row["kept_alpha"]
     assert row["machine"] == summary["machine"]
     # --score-readings 1 1,2, from the held-out readings: the run stopped after iteration 1, and the run.
     stopped, whole = row["schedules"]["1"], row["schedules"]["1,2"]
