@@ -158,7 +158,8 @@ RL_INTERPOLATION = (0.25,)
 
 
 def fractions_list(text: str) -> tuple[float, ...]:
-    """``--rl-interpolate``: "0.5,0.75" -> (0.5, 0.75), each in (0, 1); "" -> () (none)."""
+    """``--rl-interpolate``: "0.5,0.75" -> (0.75, 0.5), from RL towards the warm start, each in (0, 1);
+    "" -> () (none)."""
     try:
         fractions = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
