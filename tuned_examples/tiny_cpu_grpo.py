@@ -1150,10 +1150,14 @@ def main(argv: list[str] | None = None) -> int:
     kept_alpha, mixes = 1.0, []  # --rl-interpolate: the kept point of the line, the readings along it
     if args.rl_interpolate and readings:
         end_weights = grpo.policy_weights()
+        best_weights = end_weights
         mixes.append({"alpha": 1.0, **kept_reading(readings)})
         for alpha in args.rl_interpolate:  # from RL's end towards the warm start
-            grpo.load_policy_weights(interpolate_weights(start_weights, end_weights, alpha))
+            mixed = interpolate_weights(start_weights, end_weights, alpha)
+            grpo.load_policy_weights(mixed)
             reading = {"alpha": alpha, **validate(kept_iteration)}
+            if reading["correct"] > max(mix["correct"] for mix in mixes):  # a tie keeps the one nearer RL
+                kept_alpha, best_weights = alpha, mixed
             mixes.append(reading)
             say(
                 f"validation at {alpha:g} x RL + {1 - alpha:g} x warm start: EM 1-hop "
@@ -1161,10 +1165,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.rl_validation_held_out:
                 reading["held_out"] = held_out_if_kept(f"mix {alpha:g}")
-        kept_alpha = max(mixes, key=lambda mix: mix["correct"])["alpha"]  # the first best: nearest RL
-        grpo.load_policy_weights(
-            end_weights if kept_alpha == 1.0 else interpolate_weights(start_weights, end_weights, kept_alpha)
-        )
+        if kept_alpha != args.rl_interpolate[-1]:  # the weights last read are not the ones kept
+            grpo.load_policy_weights(best_weights)
         say(f"RL keeps the weights at {kept_alpha:g} x RL + {1 - kept_alpha:g} x warm start")
     table.append(evaluate(grpo, "after RL"))
     checkpoint = grpo.save_to_path(str((out / "checkpoint").resolve()))
