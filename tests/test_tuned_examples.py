@@ -84,6 +84,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     validation = summary["rl_validation"]
     assert [r["iteration"] for r in validation["readings"]] == [1, 2]
     assert validation["questions_per_hop"] == {"1": 2, "2": 2}
+    for reading in validation["readings"]:  # which questions each reading answered right, in order
+        right = [reading[f"right_{h}hop"] for h in (1, 2)]
+        assert [len(r) for r in right] == [2, 2] and all(x in (0, 1) for r in right for x in r)
+        assert sum(map(sum, right)) == reading["correct"]
+        assert [sum(r) / 2 for r in right] == [reading["em_1hop"], reading["em_2hop"]]
     best = max(r["correct"] for r in validation["readings"])
     assert validation["kept_iteration"] == max(
         r["iteration"] for r in validation["readings"] if r["correct"] == best

@@ -1041,13 +1041,16 @@ def main(argv: list[str] | None = None) -> int:
     start_weights = grpo.policy_weights() if args.rl_interpolate else None
 
     def validate(iteration: int) -> dict[str, Any]:
-        """Greedy answers of the current policy on the validation questions: right answers per hop count."""
+        """Greedy answers of the current policy on the validation questions: right answers per hop count,
+        and which questions (``right_<h>hop``, 0/1 in ``validation``'s order, so a rule over fewer or other
+        questions can be scored on a run's readings afterwards)."""
         reading: dict[str, Any] = {"iteration": iteration, "correct": 0}
         for hops, rollouts in greedy_episodes(grpo, validation).items():
             answers = [r.answer for r in rollouts]
             expected = [r.golden_answers for r in validation[hops]]
             em = per_question_metrics(answers, expected, ("em",))["em"]
             reading[f"em_{hops}hop"] = float(em.mean())
+            reading[f"right_{hops}hop"] = [int(x) for x in em]
             reading["correct"] += int(em.sum())
         return reading
 
