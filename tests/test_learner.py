@@ -664,6 +664,46 @@ def test_credit_after_hops_applies_the_marker_to_the_episodes_of_those_hop_count
     assert 0 < picked_mask[1].sum() < uncut_mask[1].sum()
 
 
+def test_kl_coeff_by_hops_weights_each_episodes_kl_by_its_question_hop_count(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    """``kl_coeff_by_hops``: each episode's KL term carries its question's hop-count coefficient (the others
+    ``kl_coeff``), so the loss is the policy loss plus the per-episode KL means so weighted."""
+    from rllib_search.algos.losses import kl_estimate
+
+    for bad in ({}, {0: 0.1}, {1: -0.1}, {"1": 0.1}, [1]):
+        with pytest.raises(ValueError, match="kl_coeff_by_hops must be"):
+            make_config(SearchGRPOConfig, model_dir, world, corpus, kl_coeff_by_hops=bad).validate()
+    with pytest.raises(ValueError, match="needs kl_coeff > 0"):
+        make_config(
+            SearchGRPOConfig, model_dir, world, corpus, kl_coeff=0.0, kl_coeff_by_hops={1: 0.1}
+        ).validate()
+    by_hops = {episode.num_hops: episode for episode in demonstrations}
+    episodes = [by_hops[1], by_hops[2]]
+    config = make_config(SearchGRPOConfig, model_dir, world, corpus, kl_coeff=0.01, kl_coeff_by_hops={1: 0.5})
+    algo = config.build_algo()
+    learner = learner_of(algo)
+    module = learner.module["default_policy"].unwrapped()
+    algo.learner_group.update(batch=with_advantages(demonstrations[:4], [1.0, -1.0, 0.5, -0.5], algo.config))
+    batch = with_advantages(episodes, [1.0, -1.0], algo.config)
+    np.testing.assert_array_equal(
+        batch.policy_batches["default_policy"]["kl_coeffs"], np.float32([0.5, 0.01])
+    )
+    prepared = learner.prepare_batch(batch).policy_batches["default_policy"]
+    columns = {k: torch.as_tensor(np.asarray(v)) for k, v in prepared.items()}
+    with torch.no_grad():
+        out = module.forward_train(columns)
+        loss, stats = learner.masked_loss(columns, out)
+    mask = columns["loss_mask"].float()
+    token_kl = kl_estimate(out["logprobs"], columns["ref_logprobs"], algo.config.kl_estimator)
+    episode_kl = (token_kl * mask).sum(-1) / mask.sum(-1)
+    assert (episode_kl > 0).all()  # the update moved the policy off its reference
+    expected = stats["policy_loss"] + (episode_kl * torch.tensor([0.5, 0.01])).mean()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
+    assert float(stats["kl"]) == pytest.approx(float(episode_kl.mean()), rel=1e-5)  # reported unweighted
+    algo.stop()
+
+
 def test_trained_turns_loss_equals_the_whole_episodes_loss_masked_after_the_first_turn(
     ray_cluster, model_dir, world, corpus, demonstrations
 ):

@@ -133,6 +133,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     assert recipe["name"] == expected and recipe["chosen"] == "by the warm start's forks"
     assert recipe["credit_after"] == (", then" if expected == "after-fork" else None)
     assert (recipe["prompts"], recipe["one_hop"]) == (2, 4) and recipe["balance_hops"]
+    # --rl-one-hop-likeliest (16 by default) keeps all 4, read and ordered likeliest to go on first.
+    goes_on = recipe["one_hop_likeliest_to_go_on"]
+    assert len(goes_on) == 4 and goes_on == sorted(goes_on, reverse=True)
+    assert all(0.0 <= p <= 1.0 for p in goes_on)
+    assert "RL's 1-hop questions: the 4 of 4 whose warm-start plans go on likeliest" in done.stdout
     assert f"RL recipe: {expected} (the warm start's forks: P(',') 1-hop" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
@@ -309,6 +314,12 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
     assert defaults.search_cost == 0.0  # the papers' EM (0.1 in stops 85-87: one seed lifted, two lost)
+    # RL's 1-hop groups on the 16 questions likeliest to go on (stop 92); per-hop KL off.
+    assert defaults.rl_one_hop_likeliest == 16 and defaults.rl_kl_by_hops == {}
+    assert job.parse_args(["--rl-kl-by-hops", "1:0.5,2:0.001"]).rl_kl_by_hops == {1: 0.5, 2: 0.001}
+    for bad in ("1", "0:0.1", "1:-1", "x:1"):
+        with pytest.raises(SystemExit):
+            job.parse_args(["--rl-kl-by-hops", bad])
     # Counter-guidance is off; from iteration 5 (stop 89) it lifted no failing seed, from 1 it undid 2-hop.
     assert defaults.rl_counter_guidance is None and defaults.rl_counter_from == 1
     with pytest.raises(SystemExit):

@@ -46,6 +46,13 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    ``--rl-recipe balanced`` (the default): 300 2-hop and 150 1-hop questions, 2 of each an iteration,
    8 iterations. A 2-hop group rewards the sampled plans that go on and chain, a 1-hop group those that
    stop, so the "," that tells the kinds apart is taught from both sides in every update.
+   **Hard 1-hop questions** (``--rl-one-hop-likeliest 16``, on since stop 92): of those 150 1-hop
+   questions RL keeps the 16 whose warm-start plans are likeliest to go on (teacher-forced P(","),
+   ``algos/plan_forks.likeliest_to_go_on``, about 5 s in bf16). They are the 1-hop forms that 2-hop
+   questions share ("In which city is E headquartered?" beside "In which country is the city where E is
+   headquartered?"), where RL spread the second search before; their groups sample it and are
+   answered wrong by it, so the update that teaches 2-hop plans to go on also teaches these to stop.
+   ``--rl-one-hop-likeliest 0`` keeps all 150 (the default up to stop 91).
    ``--rl-recipe auto`` (stop 42's default) reads the warm start's forks and credits either the whole
    turn (whole-turn: 300 2-hop + 100 1-hop questions, 4 an iteration as the shuffle falls) or only what
    the plan says after ", then" (after-fork: 2-hop questions alone).
@@ -137,6 +144,18 @@ def choose_rl_recipe(forks: dict[int, dict[str, float]], switch: float) -> str:
     1-hop questions above ``switch``: a whole-turn 1-hop group's "." would then take the 2-hop plans with
     it, stop 41), else whole-turn (it also lifts warm starts whose 2-hop plans stop at ",")."""
     return "after-fork" if forks[1]["goes_on"] > switch else "whole-turn"
+
+
+def coefficients_by_hops(text: str) -> dict[int, float]:
+    """``--rl-kl-by-hops``: "1:0.1" -> {1: 0.1}; "" -> {} (none)."""
+    try:
+        pairs = [part.split(":") for part in text.split(",") if part.strip()]
+        by_hops = {int(hops): float(coeff) for hops, coeff in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected hops:coefficient pairs (1:0.1), got {text!r}") from None
+    if any(hops < 1 or coeff < 0 for hops, coeff in by_hops.items()):
+        raise argparse.ArgumentTypeError(f"hop counts count from 1 and coefficients are >= 0, got {text!r}")
+    return by_hops
 
 
 def counts_list(text: str) -> tuple[int, ...]:
@@ -354,6 +373,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, help="questions per GRPO iteration (default: the recipe's)")
     p.add_argument("--rl-two-hop", type=int, default=300, help="2-hop questions in the RL set")
     p.add_argument(
+        "--rl-one-hop-likeliest",
+        type=int,
+        default=16,
+        help="keep of RL's 1-hop questions only this many: those whose warm-start plan is likeliest to go on "
+        "to a second search (teacher-forced P(','), algos/plan_forks.py), so 1-hop groups sample the extra "
+        "search where RL would spread it, and answer it (0: all of --rl-one-hop; 16 since stop 92)",
+    )
+    p.add_argument(
         "--rl-one-hop",
         type=int,
         help="1-hop questions in the RL set beside the 2-hop ones (default: the recipe's, 100 or 0; their "
@@ -447,6 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--rl-lr", type=float, default=5e-6)
     p.add_argument("--kl-coeff", type=float, default=0.001)
+    p.add_argument(
+        "--rl-kl-by-hops",
+        type=coefficients_by_hops,
+        default={},
+        help="GRPO: the KL coefficient of the episodes of these hop counts, e.g. 1:0.1 holds 1-hop "
+        "questions' plans near the warm start while 2-hop groups learn the second search (others: "
+        "--kl-coeff; empty: --kl-coeff everywhere)",
+    )
     p.add_argument(
         "--ptx-coeff",
         type=float,
@@ -647,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         calibrate_forks,
         calibration_demonstrations,
     )
-    from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
+    from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, likeliest_to_go_on, mean_forks
     from rllib_search.algos.weight_interpolation import interpolate_weights
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
     from rllib_search.llm.models import (
@@ -970,7 +1005,19 @@ def main(argv: list[str] | None = None) -> int:
     one_hop = recipe.one_hop if args.rl_one_hop is None else args.rl_one_hop
     prompts = recipe.prompts if args.prompts is None else args.prompts
     balance_hops = recipe.balance_hops if args.rl_balance_hops is None else args.rl_balance_hops
-    rl_questions = undemonstrated[2][: args.rl_two_hop] + undemonstrated[1][:one_hop]
+    one_hop_questions = undemonstrated[1][:one_hop]
+    one_hop_goes_on = None
+    if args.rl_one_hop_likeliest and one_hop_questions:
+        read_model, _ = load_causal_lm(str(warm_dir), dtype=torch.bfloat16 if args.bf16 else torch.float32)
+        one_hop_questions, one_hop_goes_on = likeliest_to_go_on(
+            read_model, tokenizer, one_hop_questions, fork_env, args.rl_one_hop_likeliest
+        )
+        del read_model
+        say(
+            f"RL's 1-hop questions: the {len(one_hop_questions)} of {one_hop} whose warm-start plans go on "
+            f"likeliest (P(',') {one_hop_goes_on[0]:.2f} to {one_hop_goes_on[-1]:.2f})"
+        )
+    rl_questions = undemonstrated[2][: args.rl_two_hop] + one_hop_questions
     rl_recipe = {
         "name": recipe_name,
         "chosen": "by the warm start's forks" if warm_forks is not None else "--rl-recipe",
@@ -978,7 +1025,9 @@ def main(argv: list[str] | None = None) -> int:
         "switch": args.rl_recipe_switch,
         "credit_after": credit_after,
         "credit_after_hops": list(args.rl_credit_after_hops) if credit_after else [],
-        "one_hop": one_hop,
+        "kl_coeff_by_hops": {str(h): c for h, c in args.rl_kl_by_hops.items()},
+        "one_hop": len(one_hop_questions),
+        "one_hop_likeliest_to_go_on": one_hop_goes_on,  # their warm start's P(','), when so chosen
         "two_hop": min(args.rl_two_hop, len(undemonstrated[2])),
         "prompts": prompts,
         "balance_hops": balance_hops,
@@ -1009,6 +1058,7 @@ def main(argv: list[str] | None = None) -> int:
         .training(
             lr=args.rl_lr,
             kl_coeff=args.kl_coeff,
+            kl_coeff_by_hops=args.rl_kl_by_hops or None,
             micro_batch_size=args.rl_micro_batch,
             minibatch_size=args.minibatch,
             scale_by_std=args.scale_by_std,

@@ -143,7 +143,8 @@ def train_batch(
     ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead. With
     ``config.trained_turns`` the episodes' loss masks keep only their first turns; with
     ``credit_marker`` (``config.credit_after``'s token ids) only the tokens after it, in the episodes of
-    ``config.credit_after_hops``' hop counts (every episode when None)."""
+    ``config.credit_after_hops``' hop counts (every episode when None). With ``config.kl_coeff_by_hops``
+    a ``kl_coeffs`` column holds each row's KL coefficient."""
     demonstrations = demonstrations or []
     if config.trained_turns is not None:
         rollouts = [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
@@ -161,6 +162,11 @@ def train_batch(
     )
     if demonstrations:
         columns["ptx"] = np.repeat(np.float32([0.0, 1.0]), [len(rollouts), len(demonstrations)])
+    if config.kl_coeff_by_hops:
+        columns["kl_coeffs"] = np.float32(
+            [config.kl_coeff_by_hops.get(r.num_hops, config.kl_coeff) for r in rollouts]
+            + [config.kl_coeff] * len(demonstrations)
+        )
     env_steps = sum(r.stats.get("turns", 1) for r in rollouts)
     return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=env_steps)
 

@@ -74,6 +74,8 @@ class SearchConfig(AlgorithmConfig):
         self.kl_coeff = 0.001
         self.kl_estimator = "k3"
         self.kl_in_reward = False
+        # The in-loss KL coefficient of the episodes of these hop counts (others: kl_coeff); see training().
+        self.kl_coeff_by_hops: dict[int, float] | None = None
         self.scale_by_std = True
         self.whiten_advantages = True
         self.loss_aggregation = "sequence"
@@ -310,6 +312,7 @@ class SearchConfig(AlgorithmConfig):
         kl_coeff: float | Any = NotProvided,
         kl_estimator: str | Any = NotProvided,
         kl_in_reward: bool | Any = NotProvided,
+        kl_coeff_by_hops: dict[int, float] | Any | None = NotProvided,
         scale_by_std: bool | Any = NotProvided,
         whiten_advantages: bool | Any = NotProvided,
         loss_aggregation: str | Any = NotProvided,
@@ -333,6 +336,10 @@ class SearchConfig(AlgorithmConfig):
         - ``lambda_`` (GAE), ``clip_param``, ``vf_clip_param``, ``vf_loss_coeff``, ``entropy_coeff``;
         - ``kl_coeff``, ``kl_estimator`` (``k1`` | ``k3``), ``kl_in_reward`` (PPO, REINFORCE++) or in the
           loss (GRPO);
+        - ``kl_coeff_by_hops``: the in-loss KL's coefficient for the episodes whose question has one of these
+          hop counts (``Rollout.num_hops``), ``kl_coeff`` for the others, e.g. ``{1: 0.1}`` to hold 1-hop
+          questions' plans near the reference while 2-hop groups learn to go on (None: ``kl_coeff``
+          everywhere; needs ``kl_coeff > 0``, which builds the reference, and the KL in the loss);
         - ``scale_by_std`` (GRPO), ``whiten_advantages`` (GAE), ``loss_aggregation`` (``sequence`` |
           ``token``), ``mask_retrieved_tokens`` (False only for Search-R1's ablation), ``old_logprobs``
           (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the learner, as verl);
@@ -483,6 +490,22 @@ class SearchConfig(AlgorithmConfig):
                     "credit_after selects generated tokens; with mask_retrieved_tokens=False (Search-R1's "
                     "no-mask ablation) the loss covers retrieved tokens too: use one or the other"
                 )
+        if self.kl_coeff_by_hops is not None:
+            by_hops = self.kl_coeff_by_hops
+            if (
+                not isinstance(by_hops, dict)
+                or not by_hops
+                or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in by_hops)
+                or not all(isinstance(c, (int, float)) and c >= 0 for c in by_hops.values())
+            ):
+                raise ValueError(
+                    f"kl_coeff_by_hops must be None or {{hop count >= 1: coefficient >= 0}}, got {by_hops!r}"
+                )
+            if self.kl_coeff <= 0 or self.kl_in_reward:
+                raise ValueError(
+                    "kl_coeff_by_hops sets the in-loss KL: needs kl_coeff > 0 and kl_in_reward=False"
+                )
+            self.kl_coeff_by_hops = {int(h): float(c) for h, c in by_hops.items()}
         if self.credit_after_hops is not None:
             hops = self.credit_after_hops
             if self.credit_after is None:

@@ -160,3 +160,24 @@ def mean_forks(
         }
     finally:
         model.train(training)
+
+
+def likeliest_to_go_on(
+    model: Any, tokenizer: Any, records: Sequence[QARecord], env: MultiTurnSearchEnv, count: int
+) -> tuple[list[QARecord], list[float]]:
+    """The ``count`` records whose plan ``model`` is likeliest to go on at the first fork (P(",")), likeliest
+    first, with those probabilities (ties keep the records' order; ``model`` left as it was).
+
+    For 1-hop questions these are the ones a policy is nearest to searching twice on: RL's 1-hop groups
+    drawn from them sample the extra search where it would spread, and so answer it (docs/main_job.md,
+    stop 92: a warm start's highest P(",") on 1-hop questions lie on the question forms its 2-hop
+    questions share, "In which city is E headquartered?" beside "In which country is the city where E is
+    headquartered?")."""
+    training = model.training
+    model.eval()
+    try:
+        probabilities = batch_fork_probabilities(model, tokenizer, fork_contexts(records, env, tokenizer))
+    finally:
+        model.train(training)
+    order = sorted(range(len(records)), key=lambda i: -probabilities[i]["goes_on"])[:count]
+    return [records[i] for i in order], [probabilities[i]["goes_on"] for i in order]

@@ -330,9 +330,12 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         stats = {"policy_loss": policy_loss.detach(), "entropy": entropy, **stats}
         loss = policy_loss
         if "ref_logprobs" in batch:
-            kl = masked_mean(kl_estimate(logprobs, batch["ref_logprobs"], cfg.kl_estimator), mask, agg)
+            token_kl = kl_estimate(logprobs, batch["ref_logprobs"], cfg.kl_estimator)
+            kl = masked_mean(token_kl, mask, agg)
             stats["kl"] = kl.detach()
-            if not cfg.kl_in_reward:
+            if "kl_coeffs" in batch:  # kl_coeff_by_hops: each row its own coefficient
+                loss = loss + masked_mean(token_kl * batch["kl_coeffs"][:, None], mask, agg)
+            elif not cfg.kl_in_reward:
                 loss = loss + cfg.kl_coeff * kl
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * masked_mean(fwd_out["entropy"], mask, agg)
