@@ -39,7 +39,8 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
         *("--demonstrations", "6", "--two-hop-demonstrations", "2", "--prompts", "2", "--group-size", "2"),
         *("--max-turn-tokens", "12", "--state-plan", "--early-answer", "0.5", "--no-scale-by-std"),
         *("--plan-weight", "8", "--sft-lr-decay", "linear", "--sft-balance", "--hesitate-by-kind"),
-        *("--rl-one-hop", "4", "--rl-balance-hops", "--lambda-retrieval", "0.1", "--search-cost", "0.1"),
+        *("--rl-one-hop", "4", "--rl-one-hop-likeliest", "3", "--rl-balance-hops"),
+        *("--lambda-retrieval", "0.1", "--search-cost", "0.1"),
         *("--sft-fork-window", "--sft-fork-from", "1", "--sft-max-steps", "2"),
         *("--fork-calibration", "--calibration-steps", "2", "--calibration-turns", "2"),
         *("--calibration-questions", "1"),
@@ -132,12 +133,12 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path, capsys,
     expected = "after-fork" if warm_forks["1"]["goes_on"] > 0.5 else "whole-turn"
     assert recipe["name"] == expected and recipe["chosen"] == "by the warm start's forks"
     assert recipe["credit_after"] == (", then" if expected == "after-fork" else None)
-    assert (recipe["prompts"], recipe["one_hop"]) == (2, 4) and recipe["balance_hops"]
-    # --rl-one-hop-likeliest (16 by default) keeps all 4, read and ordered likeliest to go on first.
+    # --rl-one-hop-likeliest 3: of the 4, the 3 whose warm-start plans go on likeliest, likeliest first.
+    assert (recipe["prompts"], recipe["one_hop"]) == (2, 3) and recipe["balance_hops"]
     goes_on = recipe["one_hop_likeliest_to_go_on"]
-    assert len(goes_on) == 4 and goes_on == sorted(goes_on, reverse=True)
+    assert len(goes_on) == 3 and goes_on == sorted(goes_on, reverse=True)
     assert all(0.0 <= p <= 1.0 for p in goes_on)
-    assert "RL's 1-hop questions: the 4 of 4 whose warm-start plans go on likeliest" in done.stdout
+    assert "RL's 1-hop questions: the 3 of 4 whose warm-start plans go on likeliest" in done.stdout
     assert f"RL recipe: {expected} (the warm start's forks: P(',') 1-hop" in done.stdout
     low, high = summary["rl_gain_2hop_interval"]
     assert low <= summary["rl_gain_2hop"] <= high
@@ -314,8 +315,8 @@ def test_tiny_cpu_grpo_recipes_and_defaults(monkeypatch):
     # GRPO's micro-batch is its minibatch (each group's prompt read once); SFT and calibration keep 4.
     assert (defaults.rl_micro_batch, defaults.micro_batch) == (defaults.minibatch, 4)
     assert defaults.search_cost == 0.0  # the papers' EM (0.1 in stops 85-87: one seed lifted, two lost)
-    # RL's 1-hop groups on the 16 questions likeliest to go on (stop 92); per-hop KL off.
-    assert defaults.rl_one_hop_likeliest == 16 and defaults.rl_kl_by_hops == {}
+    # Every 1-hop RL question (the 16 likeliest to go on: two seeds lifted, two lost, stop 92); no per-hop KL.
+    assert defaults.rl_one_hop_likeliest == 0 and defaults.rl_kl_by_hops == {}
     assert job.parse_args(["--rl-kl-by-hops", "1:0.5,2:0.001"]).rl_kl_by_hops == {1: 0.5, 2: 0.001}
     for bad in ("1", "0:0.1", "1:-1", "x:1"):
         with pytest.raises(SystemExit):

@@ -46,13 +46,14 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    ``--rl-recipe balanced`` (the default): 300 2-hop and 150 1-hop questions, 2 of each an iteration,
    8 iterations. A 2-hop group rewards the sampled plans that go on and chain, a 1-hop group those that
    stop, so the "," that tells the kinds apart is taught from both sides in every update.
-   **Hard 1-hop questions** (``--rl-one-hop-likeliest 16``, on since stop 92): of those 150 1-hop
-   questions RL keeps the 16 whose warm-start plans are likeliest to go on (teacher-forced P(","),
-   ``algos/plan_forks.likeliest_to_go_on``, about 5 s in bf16). They are the 1-hop forms that 2-hop
-   questions share ("In which city is E headquartered?" beside "In which country is the city where E is
-   headquartered?"), where RL spread the second search before; their groups sample it and are
-   answered wrong by it, so the update that teaches 2-hop plans to go on also teaches these to stop.
-   ``--rl-one-hop-likeliest 0`` keeps all 150 (the default up to stop 91).
+   ``--rl-one-hop-likeliest 16`` (off) keeps of those 150 1-hop questions the 16 whose warm-start plans
+   are likeliest to go on (teacher-forced P(","), ``algos/plan_forks.likeliest_to_go_on``, about 5 s in
+   bf16): the 1-hop forms that 2-hop questions share ("In which city is E headquartered?" beside "In which
+   country is the city where E is headquartered?"), where RL spreads the second search; their groups
+   sample it and answer it wrong. On 19 seeds of the AVX-512 EPYC (stop 92) it held 1-hop answers better
+   (paired +0.03) and lifted seeds 22 and 42, but lowered 2-hop gains and lost seeds 33 and 35: the same
+   pass count, so not the default. ``--rl-kl-by-hops 1:c`` (off) gives 1-hop episodes their own KL
+   coefficient; at 1.0 it kept none of seed 42's lost 1-hop answers.
    ``--rl-recipe auto`` (stop 42's default) reads the warm start's forks and credits either the whole
    turn (whole-turn: 300 2-hop + 100 1-hop questions, 4 an iteration as the shuffle falls) or only what
    the plan says after ", then" (after-fork: 2-hop questions alone).
@@ -375,10 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rl-one-hop-likeliest",
         type=int,
-        default=16,
+        default=0,
         help="keep of RL's 1-hop questions only this many: those whose warm-start plan is likeliest to go on "
         "to a second search (teacher-forced P(','), algos/plan_forks.py), so 1-hop groups sample the extra "
-        "search where RL would spread it, and answer it (0: all of --rl-one-hop; 16 since stop 92)",
+        "search where RL would spread it, and answer it (0: all of --rl-one-hop; 16 in stop 92 lifted two "
+        "seeds and lost two)",
     )
     p.add_argument(
         "--rl-one-hop",
