@@ -50,10 +50,10 @@ What it does (local Ray, the bundled SmolLM2, the synthetic world, the retriever
    are likeliest to go on (teacher-forced P(","), ``algos/plan_forks.likeliest_to_go_on``, about 5 s in
    bf16): the 1-hop forms that 2-hop questions share ("In which city is E headquartered?" beside "In which
    country is the city where E is headquartered?"), where RL spreads the second search; their groups
-   sample it and answer it wrong. On 19 seeds of the AVX-512 EPYC (stop 92) it held 1-hop answers better
-   (paired +0.03) and lifted seeds 22 and 42, but lowered 2-hop gains and lost seeds 33 and 35: the same
-   pass count, so not the default. ``--rl-kl-by-hops 1:c`` (off) gives 1-hop episodes their own KL
-   coefficient; at 1.0 it kept none of seed 42's lost 1-hop answers.
+   sample it and answer it wrong. On 21 seeds of the AVX-512 EPYC (stop 92) it held 1-hop answers better
+   (paired +0.016) and lifted seeds 22 and 42, but lowered 2-hop gains (-0.056) and lost seeds 33 and 35:
+   the same pass count, 18 of 21, so not the default. ``--rl-kl-by-hops 1:c`` (off) gives 1-hop
+   episodes their own KL coefficient; at 1.0 it kept none of seed 42's lost 1-hop answers.
    ``--rl-recipe auto`` (stop 42's default) reads the warm start's forks and credits either the whole
    turn (whole-turn: 300 2-hop + 100 1-hop questions, 4 an iteration as the shuffle falls) or only what
    the plan says after ", then" (after-fork: 2-hop questions alone).

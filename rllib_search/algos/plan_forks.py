@@ -169,10 +169,10 @@ def likeliest_to_go_on(
     first, with those probabilities (ties keep the records' order; ``model`` left as it was).
 
     For 1-hop questions these are the ones a policy is nearest to searching twice on: RL's 1-hop groups
-    drawn from them sample the extra search where it would spread, and so answer it (docs/main_job.md,
-    stop 92: a warm start's highest P(",") on 1-hop questions lie on the question forms its 2-hop
-    questions share, "In which city is E headquartered?" beside "In which country is the city where E is
-    headquartered?")."""
+    drawn from them sample the extra search where RL would spread it, and are rewarded for stopping
+    (docs/main_job.md, stop 92: a warm start's highest P(",") on 1-hop questions lie on the question
+    forms its 2-hop questions share, "In which city is E headquartered?" beside "In which country is the
+    city where E is headquartered?")."""
     training = model.training
     model.eval()
     try:
