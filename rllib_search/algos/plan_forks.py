@@ -16,7 +16,8 @@ RL can lift the second search on 2-hop questions without touching 1-hop ones whe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,9 +149,7 @@ def mean_forks(
     model: Any, tokenizer: Any, contexts: dict[int, Sequence[ForkContext]]
 ) -> dict[int, dict[str, float]]:
     """Mean P at each fork per hop count, for ``contexts`` keyed by hop count (``model`` left as it was)."""
-    training = model.training
-    model.eval()
-    try:
+    with _evaluating(model):
         return {
             hops: {
                 fork: summary["mean"]
@@ -158,8 +157,6 @@ def mean_forks(
             }
             for hops, rows in contexts.items()
         }
-    finally:
-        model.train(training)
 
 
 def likeliest_to_go_on(
@@ -173,11 +170,18 @@ def likeliest_to_go_on(
     (docs/main_job.md, stop 92: a warm start's highest P(",") on 1-hop questions lie on the question
     forms its 2-hop questions share, "In which city is E headquartered?" beside "In which country is the
     city where E is headquartered?")."""
+    with _evaluating(model):
+        probabilities = batch_fork_probabilities(model, tokenizer, fork_contexts(records, env, tokenizer))
+    order = sorted(range(len(records)), key=lambda i: -probabilities[i]["goes_on"])[:count]
+    return [records[i] for i in order], [probabilities[i]["goes_on"] for i in order]
+
+
+@contextlib.contextmanager
+def _evaluating(model: Any) -> Iterator[None]:
+    """``model`` in eval mode inside the block, back in its own mode after."""
     training = model.training
     model.eval()
     try:
-        probabilities = batch_fork_probabilities(model, tokenizer, fork_contexts(records, env, tokenizer))
+        yield
     finally:
         model.train(training)
-    order = sorted(range(len(records)), key=lambda i: -probabilities[i]["goes_on"])[:count]
-    return [records[i] for i in order], [probabilities[i]["goes_on"] for i in order]
