@@ -1,6 +1,7 @@
 """Autoscaling benchmark: the served retriever under a load ramp (up, hold, down, idle).
 
-The retriever (``serve/retriever.py``, the embedded world's BM25 index unless ``--index``) runs as a Ray
+The retriever (``serve/retrieval/deployment.py``, the embedded world's BM25 index unless ``--index``) runs as
+a Ray
 Serve app with an ``autoscaling_config`` (min 1, max ``--max-replicas`` replicas of ``--replica-cpus``
 logical CPUs, ``--target`` ongoing requests per replica, short upscale/downscale delays) on a local Ray, and
 closed-loop HTTP clients on 127.0.0.1 (one one-query request in flight each) follow a ramp: idle, then
@@ -59,9 +60,9 @@ def start_service(args: argparse.Namespace, index_dir: Path) -> tuple[str, dict[
     import ray
     from ray import serve
 
-    from rllib_search.serve.ports import free_port
-    from rllib_search.serve.ray_cluster import patient_serve_proxies
-    from rllib_search.serve.retriever import build_retriever_app
+    from rllib_search.serve.cluster import patient_serve_proxies
+    from rllib_search.serve.http.ports import free_port
+    from rllib_search.serve.retrieval.deployment import build_retriever_app
 
     # Read by Serve's handles and replicas when their processes start: set before Ray starts them.
     for name in (
@@ -105,7 +106,7 @@ class ReplicaSampler(threading.Thread):
 
     def run(self) -> None:
         from rllib_search.serve.replicas import running_replicas
-        from rllib_search.serve.retriever import DEPLOYMENT_NAME
+        from rllib_search.serve.retrieval.deployment import DEPLOYMENT_NAME
 
         while not self.stopped.is_set():
             try:

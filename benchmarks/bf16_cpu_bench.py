@@ -9,8 +9,8 @@
    under bf16 autocast over the fp32 master weights (``training(autocast=True)``, what ``--bf16`` sets).
 3. ``--parts int8_evaluation`` (not run by default): the same evaluation with the fp32 engine against one
    whose linear layers are PyTorch's dynamic int8 ones (``torch.ao.quantization.quantize_dynamic``, fbgemm),
-   the lead for CPUs without bf16 units. It is why the engine has no int8 option: on an AVX2 EPYC it was
-   1.24x faster and changed most greedy answers (docs/main_job.md, stop 52).
+   the lead for CPUs without bf16 units. It is why the engine has no int8 option: it is only a little
+   faster and changes most greedy answers (this part reports both).
 
 Worth it only on a CPU with bf16 matrix units (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``, printed
 in the result): without them PyTorch emulates bf16 and it runs slower. Medians over ``--repeats``

@@ -14,7 +14,7 @@ not stay in the cache) plus the vocabulary projection, with
 
 Each backend's output is compared with ``torch``'s: only a backend whose outputs are bitwise the same can
 replace it without changing what the main job learns (a float-level change reshuffles which seeds meet the
-goal, docs/main_job.md stop 65). Also timed: the vocabulary projection in chunks of ``--vocab-chunk`` rows
+goal). Also timed: the vocabulary projection in chunks of ``--vocab-chunk`` rows
 of the embedding, which gives bitwise the same logits.
 
 Backends alternate within each repeat (the first repeat a warm-up, not counted); medians. Records the CPU

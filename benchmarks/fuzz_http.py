@@ -40,11 +40,11 @@ def start_services(root: Path) -> tuple[str, str]:
     from rllib_search.data.formats import write_corpus_jsonl
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
     from rllib_search.llm.tiny import build_tiny_tokenizer
-    from rllib_search.serve.index_build import build_index
-    from rllib_search.serve.judge import build_judge_app
-    from rllib_search.serve.ports import free_port
-    from rllib_search.serve.ray_cluster import patient_serve_proxies
-    from rllib_search.serve.retriever import build_retriever_app
+    from rllib_search.serve.cluster import patient_serve_proxies
+    from rllib_search.serve.http.ports import free_port
+    from rllib_search.serve.judge.deployment import build_judge_app
+    from rllib_search.serve.retrieval.build import build_index
+    from rllib_search.serve.retrieval.deployment import build_retriever_app
     from tests.helpers import build_tiny_sliding_window_lm
 
     world = generate_world(SyntheticWorldConfig(seed=3, num_passages=300, num_train=0, num_test=5))

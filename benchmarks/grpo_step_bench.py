@@ -76,7 +76,7 @@ class OurStep:
         self, questions: list[Any], index_dir: Path, max_turns: int, new_tokens: int, seed: int
     ) -> None:
         from rllib_search import ENV_ID
-        from rllib_search.algos.configs import SearchGRPOConfig
+        from rllib_search.algos import SearchGRPOConfig
 
         env_config = {
             "retriever": {"type": "index", "dir": str(index_dir)},

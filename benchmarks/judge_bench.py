@@ -43,7 +43,7 @@ def evidence_prompts(count: int) -> list[str]:
     of its hops' queries) a perfect policy would quote as its evidence."""
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
     from rllib_search.env.judge import evidence_prompt
-    from rllib_search.serve.bm25 import BM25Retriever
+    from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
     world = generate_world(
         SyntheticWorldConfig(seed=0, num_passages=2000, num_train=0, num_test=max(count, 20))
@@ -143,8 +143,8 @@ def main() -> None:
     import requests
     from ray import serve
 
-    from rllib_search.serve.judge import build_judge_app
-    from rllib_search.serve.ports import free_port
+    from rllib_search.serve.http.ports import free_port
+    from rllib_search.serve.judge.deployment import build_judge_app
 
     repeats = 1 if args.quick else 2
     serial_count = 12 if args.quick else 32

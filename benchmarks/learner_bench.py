@@ -45,9 +45,9 @@ from gymnasium import spaces
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rllib_search.algos.batching import bucket_order
-from rllib_search.algos.configs import SearchGRPOConfig
-from rllib_search.algos.losses import clipped_policy_loss
+from rllib_search.algos import SearchGRPOConfig
+from rllib_search.algos.learners.batching import bucket_order
+from rllib_search.algos.learners.losses import clipped_policy_loss
 from rllib_search.llm.models import load_causal_lm, load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 

@@ -1,4 +1,4 @@
-"""Main-job parts benchmark: two changes of stop 49 timed side by side, alternating, in one process.
+"""Main-job parts benchmark: two batching choices of the main job timed side by side, alternating.
 
 1. Greedy evaluation in one batch: the main job's held-out evaluation (50 1-hop + 50 2-hop questions) and
    its validation reading (20 + 20) as one ``rollout_records`` call against one call per hop count, with
@@ -38,9 +38,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_search import ENV_ID
 from rllib_search.algos.config import SearchConfig
-from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.serve.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -13,8 +13,8 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 
-from rllib_search.serve.indexes import load_index
-from rllib_search.serve.retriever import RetrieveRequest, passage_to_json
+from rllib_search.serve.retrieval.deployment import RetrieveRequest, passage_to_json
+from rllib_search.serve.retrieval.load import load_index
 
 
 def make_app(index_dir: str, dtype: str | None = None) -> FastAPI:

@@ -53,7 +53,7 @@ def build_corpus_and_index(num_passages: int, cache: Path) -> tuple[Path, list[s
     from rllib_search.data.formats import write_corpus_jsonl
     from rllib_search.data.retrieval import Passage
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.retrieval.build import build_index
 
     per_world = 2000
     passages, queries = [], []
@@ -78,8 +78,8 @@ def hnsw_recall_at_3(index_dir: Path, queries: list[str], num_queries: int) -> f
     from the Flat index's own vectors so both search the same embeddings."""
     import faiss
 
-    from rllib_search.serve.index_manifest import KIND_OPTIONS
-    from rllib_search.serve.indexes import load_index
+    from rllib_search.serve.retrieval.load import load_index
+    from rllib_search.serve.retrieval.manifest import KIND_OPTIONS
 
     flat = load_index(index_dir, mmap=False)
     vectors = flat.faiss_index.reconstruct_n(0, flat.faiss_index.ntotal)
@@ -97,7 +97,7 @@ def hnsw_recall_at_3(index_dir: Path, queries: list[str], num_queries: int) -> f
 
 def query_dtype_recall_at_3(index_dir: Path, queries: list[str], dtype: str, num_queries: int) -> float:
     """Recall@3 on the Flat index of queries encoded in ``dtype`` against the same queries in fp32."""
-    from rllib_search.serve.indexes import load_index
+    from rllib_search.serve.retrieval.load import load_index
 
     exact = load_index(index_dir, dtype="float32")
     reduced = load_index(index_dir, dtype=dtype)
@@ -183,8 +183,8 @@ def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: 
     import ray
     from ray import serve
 
-    from rllib_search.serve.retriever import APP_NAME, build_retriever_app
-    from rllib_search.serve.serve_cli import HIGH_THROUGHPUT_ENV, exposure_warnings
+    from rllib_search.serve.cli import HIGH_THROUGHPUT_ENV, exposure_warnings
+    from rllib_search.serve.retrieval.deployment import APP_NAME, build_retriever_app
 
     if ingress == "haproxy":  # read by Ray's processes when they start
         os.environ.update(HIGH_THROUGHPUT_ENV)
@@ -279,8 +279,8 @@ def main() -> None:
     print(f"[bench] HNSW recall@3 vs Flat: {recall:.3f}", flush=True)
     import torch
 
-    from rllib_search.serve.encoders import resolve_dtype
-    from rllib_search.serve.ports import free_port
+    from rllib_search.serve.http.ports import free_port
+    from rllib_search.serve.retrieval.encoders import resolve_dtype
 
     query_dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     dtype_recall = query_dtype_recall_at_3(index_dir, queries, query_dtype, 200 if args.quick else 500)

@@ -46,13 +46,13 @@ import torch
 
 from rllib_search import ENV_ID
 from rllib_search.algos.config import SearchConfig
-from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf import HFEngine
 from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
-from rllib_search.serve.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -137,7 +137,7 @@ def measure_once(
     rollout_tokens = sum(r.num_generated_tokens for r in rollouts)
 
     limits = [max(1, r.num_generated_tokens) for r in rollouts]
-    # The baseline: the same number of tokens from the prompts, in one call.
+    # The raw baseline: the same number of tokens from the prompts, in one call.
     segments, raw_s = raw_generate(
         engine, [r.token_ids[: r.prompt_length].tolist() for r in rollouts], limits
     )

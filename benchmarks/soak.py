@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_search.recipes.r_search import r_search_grpo
     from rllib_search.recipes.scales import CPU_JUDGE
     from rllib_search.recipes.search_r1 import search_r1_grpo
-    from rllib_search.serve.ray_cluster import patient_serve_proxies
+    from rllib_search.serve.cluster import patient_serve_proxies
 
     started = time.perf_counter()
 

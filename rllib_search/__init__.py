@@ -1,7 +1,10 @@
 """rllib-search: train LLM search agents with reinforcement learning on Ray RLlib, Train and Serve.
 
-Importing the package registers ``rllib_search/MultiTurnSearch-v0`` with RLlib and gymnasium.
+Importing the package registers ``rllib_search/MultiTurnSearch-v0`` with RLlib and gymnasium. The
+algorithms' configs (``from rllib_search import SearchGRPOConfig``) load RLlib on first use.
 """
+
+from typing import Any
 
 from rllib_search.data.records import QARecord
 from rllib_search.data.retrieval import Passage, Retriever
@@ -20,7 +23,25 @@ __version__ = "0.1.0"
 
 register_envs()
 
+_ALGORITHM_EXPORTS = (
+    "SearchConfig",
+    "SearchGRPOConfig",
+    "SearchPPOConfig",
+    "SearchReinforcePPConfig",
+    "SearchSFTConfig",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ALGORITHM_EXPORTS:
+        import rllib_search.algos
+
+        return getattr(rllib_search.algos, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    *_ALGORITHM_EXPORTS,
     "ENV_ID",
     "R1_SEARCHER",
     "R_SEARCH",

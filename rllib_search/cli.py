@@ -37,12 +37,12 @@ def cmd_world(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from rllib_search.algos.scripted_rollout import run_scripted_rollouts
+    from rllib_search.algos.rollouts.scripted import run_scripted_rollouts
     from rllib_search.data.formats import iter_passages, read_corpus, read_qa_file
     from rllib_search.data.synthetic import ensure_world
     from rllib_search.env.search_env import SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
-    from rllib_search.serve.bm25 import BM25Retriever
+    from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
     world_dir = Path(args.world) if args.world else cache_dir() / "worlds" / f"seed{args.seed}"
     print(f"[rollout] synthetic world in {world_dir}")
@@ -103,7 +103,7 @@ def _llm_rollout(args: argparse.Namespace, retriever, records) -> tuple[dict, st
 
     from rllib_search import ENV_ID
     from rllib_search.algos.config import SearchConfig
-    from rllib_search.algos.env_runner import LLMEnvRunner
+    from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 
     env_config = {
         "retriever": retriever,
@@ -217,9 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--llm-turn-tokens", type=int, default=64, help="tokens per turn in the LLM rollout")
     rollout.set_defaults(func=cmd_rollout)
 
-    from rllib_search.algos.eval_cli import add_eval_command
-    from rllib_search.serve.index_cli import add_index_commands
-    from rllib_search.serve.serve_cli import add_serve_commands
+    from rllib_search.algos.evaluation.cli import add_eval_command
+    from rllib_search.serve.cli import add_serve_commands
+    from rllib_search.serve.retrieval.cli import add_index_commands
 
     add_index_commands(sub)
     add_serve_commands(sub)
@@ -230,9 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; a malformed input file (data, index, checkpoint) ends it with its message and
     exit status 1 instead of a traceback."""
-    from rllib_search.algos.checkpoint_check import CheckpointError
+    from rllib_search.algos.checkpoints.check import CheckpointError
     from rllib_search.data.errors import DataFormatError
-    from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError
+    from rllib_search.serve.retrieval.manifest import IndexFileError, IndexMismatchError
 
     args = build_parser().parse_args(argv)
     try:

@@ -6,8 +6,9 @@ Custom figures reach the Ray dashboard's metrics view (its Grafana) and Promethe
 - training and rollout figures, once per ``Algorithm.train()``, from the result dict
   (``algos/dashboard_metrics.py``: an ``RLlibCallback.on_train_result``, on by default in ``SearchConfig``);
   each entry of :data:`TRAINING` names the result key (``source``) it is read from;
-- the retriever and judge clients, per call (``serve/service_client.py``), tag ``service``;
-- the Serve deployments, per batch (``serve/retriever.py``, ``serve/judge.py``), tag ``service``.
+- the retriever and judge clients, per call (``serve/http/client.py``), tag ``service``;
+- the Serve deployments, per batch (``serve/retrieval/deployment.py``, ``serve/judge/deployment.py``), tag
+``service``.
 
 Ray exports a metric named ``rllib_search_x`` as ``ray_rllib_search_x``; a Counter as
 ``ray_rllib_search_x_total``; a Histogram as ``..._bucket``/``_count``/``_sum`` (Ray 2.60 computes

@@ -33,7 +33,7 @@ def make_env(**env_config: Any) -> MultiTurnSearchEnv:
         from rllib_search.llm.models import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    from rllib_search.serve.client import build_retriever
+    from rllib_search.serve.retrieval.client import build_retriever
 
     retriever = build_retriever(config.pop("retriever", None))
     dataset = config.pop("dataset", None)
@@ -41,7 +41,7 @@ def make_env(**env_config: Any) -> MultiTurnSearchEnv:
         from rllib_search.data.formats import read_qa_file
 
         dataset = read_qa_file(dataset)
-    from rllib_search.serve.judge_client import build_judge
+    from rllib_search.serve.judge.client import build_judge
 
     judge = build_judge(config.pop("judge", None))
     env_fields = {k: v for k, v in config.items() if k in SearchEnvConfig.__dataclass_fields__}

@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_DEDUP_LOGS=0
 .venv/bin/ruff check rllib_search tests benchmarks tuned_examples
 # One pytest worker per core, at most 4 (RLLIB_SEARCH_TEST_WORKERS overrides; 0 runs in this process), each
 # running whole files (their module fixtures are set up once). Most tests wait on process start-up, Ray and
-# Serve, so two workers on two cores ran the suite in 670 s against 939 s in one (Zen 5, stop 77).
+# Serve, so two workers on two cores finish it in about two thirds of the time one takes.
 cores=$(nproc)
 workers=${RLLIB_SEARCH_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
 parallel=()

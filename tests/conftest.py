@@ -13,11 +13,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.serve.bm25 import BM25Retriever
-from rllib_search.serve.index_build import build_index
-from rllib_search.serve.ports import free_port
-from rllib_search.serve.ray_cluster import patient_serve_proxies
-from rllib_search.serve.retriever import APP_NAME, build_retriever_app
+from rllib_search.serve.cluster import patient_serve_proxies
+from rllib_search.serve.http.ports import free_port
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.build import build_index
+from rllib_search.serve.retrieval.deployment import APP_NAME, build_retriever_app
 from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm
 
 
@@ -159,7 +159,7 @@ def judge_url(service, judge_model_dir):
     OpenAI base URL."""
     from ray import serve
 
-    from rllib_search.serve.judge import build_judge_app
+    from rllib_search.serve.judge.deployment import build_judge_app
 
     app = build_judge_app(
         {

@@ -58,7 +58,7 @@ def make_config(cls: Any, model_dir: str, world: Any, corpus: str, *, model=None
     """A tiny, seeded config of ``cls`` (a Search*Config): ``world.train`` questions, BM25 over ``corpus``,
     2 prompts x 2 samples of at most 16 tokens a turn, lr 1e-3."""
     from rllib_search import ENV_ID
-    from rllib_search.algos.configs import SearchPPOConfig
+    from rllib_search.algos import SearchPPOConfig
 
     env_config = {"retriever": {"type": "bm25", "corpus": corpus}, "dataset": world.train, **ENV_SETTINGS}
     model_config = {"model": model_dir, **(model or {})}
@@ -107,7 +107,7 @@ class KillsItsRunnerOnce:
             time.sleep(120)  # the kill lands here; a restarted runner never gets this far
         if self._bm25 is None:
             from rllib_search.data.formats import iter_passages, read_corpus
-            from rllib_search.serve.bm25 import BM25Retriever
+            from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
             self._bm25 = BM25Retriever(list(iter_passages(read_corpus(self.corpus))))
         return self._bm25.search(queries, topk)
@@ -127,7 +127,7 @@ class KillsReplicasOnce:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from rllib_search.serve.client import build_retriever
+            from rllib_search.serve.retrieval.client import build_retriever
 
             self._client = build_retriever(self.spec)
         return self._client
@@ -146,7 +146,7 @@ def retriever_replicas() -> list[str]:
     """The names of the retriever deployment's live replica actors."""
     import ray
 
-    from rllib_search.serve.retriever import DEPLOYMENT_NAME
+    from rllib_search.serve.retrieval.deployment import DEPLOYMENT_NAME
 
     return [
         actor["name"]

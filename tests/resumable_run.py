@@ -32,7 +32,7 @@ def main() -> None:
     import ray
     import torch
 
-    from rllib_search.algos.configs import SearchGRPOConfig
+    from rllib_search.algos import SearchGRPOConfig
     from rllib_search.data.formats import read_qa_file
     from tests.helpers import make_config, policy_weights
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rllib_search.algos.advantages import (
+from rllib_search.algos.learners.advantages import (
     gae,
     grpo_advantages,
     masked_whiten,

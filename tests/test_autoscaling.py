@@ -17,9 +17,9 @@ import pytest
 import requests
 
 from rllib_search.data.formats import write_corpus_jsonl
-from rllib_search.serve.index_build import build_index
 from rllib_search.serve.replicas import running_replicas
-from rllib_search.serve.retriever import DEPLOYMENT_NAME, build_retriever_app
+from rllib_search.serve.retrieval.build import build_index
+from rllib_search.serve.retrieval.deployment import DEPLOYMENT_NAME, build_retriever_app
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rllib_search.algos.checkpoint_check import CheckpointError, check_checkpoint
-from rllib_search.algos.policy_eval import load_policy
+from rllib_search.algos.checkpoints.check import CheckpointError, check_checkpoint
+from rllib_search.algos.evaluation.evaluate import load_policy
 from rllib_search.cli import main as cli_main
 from rllib_search.data.errors import DataFormatError
 from rllib_search.data.formats import (
@@ -28,9 +28,9 @@ from rllib_search.data.formats import (
     write_search_r1_parquet,
 )
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.serve.index_build import build_index
-from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError
-from rllib_search.serve.indexes import load_index
+from rllib_search.serve.retrieval.build import build_index
+from rllib_search.serve.retrieval.load import load_index
+from rllib_search.serve.retrieval.manifest import IndexFileError, IndexMismatchError
 
 MINILM = "all-minilm-l6-v2"
 
@@ -300,7 +300,7 @@ def module_checkpoint(tmp_path_factory) -> Path:
     """A real RLModule checkpoint (RLlib's ``save_to_path``) of a tiny policy."""
     from gymnasium import spaces
 
-    from rllib_search.algos.rl_module import LLMRLModule
+    from rllib_search.algos.model.rl_module import LLMRLModule
     from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("checkpoint")

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from rllib_search import ENV_ID
-from rllib_search.algos.batching import broadcast_to_tokens, pad_rollouts
 from rllib_search.algos.config import SearchConfig
-from rllib_search.algos.env_runner import LLMEnvRunner
-from rllib_search.algos.rollout import Rollout
+from rllib_search.algos.learners.batching import broadcast_to_tokens, pad_rollouts
+from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
+from rllib_search.algos.rollouts.record import Rollout
 from rllib_search.llm.tiny import build_tiny_causal_lm
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rllib_search.algos.configs import SearchGRPOConfig, SearchPPOConfig
-from rllib_search.algos.dynamic_sampling import informative_groups, split_groups
-from rllib_search.algos.rollout import Rollout
+from rllib_search.algos import SearchGRPOConfig, SearchPPOConfig
+from rllib_search.algos.rollouts.dynamic_sampling import informative_groups, split_groups
+from rllib_search.algos.rollouts.record import Rollout
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from tests.helpers import make_config, policy_weights
 

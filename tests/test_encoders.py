@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rllib_search.llm.models import cpu_precision
-from rllib_search.serve.encoders import (
+from rllib_search.serve.retrieval.encoders import (
     BGE_INSTRUCTION,
     DEFAULT_ENCODER,
     EncoderSpec,

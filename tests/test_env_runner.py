@@ -10,7 +10,7 @@ import pytest
 
 from rllib_search import ENV_ID
 from rllib_search.algos.config import SearchConfig
-from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 from rllib_search.data.records import QARecord
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
@@ -250,7 +250,7 @@ def test_balanced_sampling_draws_every_kind_equally_and_resumes(tiny_model_dir, 
 
 
 def test_stratified_sampler_walks_each_stratum_in_its_own_shuffle():
-    from rllib_search.algos.shuffled_sampler import StratifiedSampler
+    from rllib_search.algos.rollouts.sampler import StratifiedSampler
 
     labels = ["a"] * 5 + ["b"] * 2 + ["c"] * 3
     sampler = StratifiedSampler(labels, np.random.default_rng(0))
@@ -267,7 +267,7 @@ def test_a_proportional_stratified_sampler_gives_every_batch_the_strata_mix():
     """Strata of 60, 45 and 15 (the main job's 1-hop, 2-hop and early-answered 2-hop demonstrations): every
     8 consecutive draws hold 4, 3 and 1, each stratum walks its own shuffle, and a restored state goes on
     exactly where the original would."""
-    from rllib_search.algos.shuffled_sampler import StratifiedSampler
+    from rllib_search.algos.rollouts.sampler import StratifiedSampler
 
     labels = ["one"] * 60 + ["two"] * 45 + ["early"] * 15
     sampler = StratifiedSampler(labels, np.random.default_rng(3), proportional=True)
@@ -340,7 +340,7 @@ def test_a_bf16_engine_on_the_cpu_generates_with_the_learners_weights_cast(
 
     greedy = {"temperature": 0.0}
     fp32 = LLMEnvRunner(config=make_config(tiny_model_dir, world.train, retriever, **greedy))
-    with caplog.at_level(logging.WARNING, logger="rllib_search.algos.env_runner"):
+    with caplog.at_level(logging.WARNING, logger="rllib_search.algos.rollouts.env_runner"):
         bf16 = LLMEnvRunner(
             config=make_config(tiny_model_dir, world.train, retriever, **greedy, engine_dtype="bfloat16")
         )

@@ -10,13 +10,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rllib_search.algos.evaluation import aggregate, paired_gain, per_question_metrics, score_predictions
+from rllib_search.algos.evaluation.scores import (
+    aggregate,
+    paired_gain,
+    per_question_metrics,
+    score_predictions,
+)
 from rllib_search.data.formats import iter_passages, read_corpus
 from rllib_search.data.records import QARecord
 from rllib_search.data.retrieval import Passage
 from rllib_search.env.protocols import R1_SEARCHER, R_SEARCH, SEARCH_R1
 from rllib_search.env.search_env import MultiTurnSearchEnv
-from rllib_search.serve.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
 # --- the metrics function ------------------------------------------------------------------------------
 
@@ -177,8 +182,8 @@ def write_odd_corpus(path):
 
 def test_retrievers_keep_the_corpus_contents_and_the_env_sends_search_r1_bytes(tmp_path, tiny_tokenizer):
     """Through the real paths: corpus file -> BM25 / index -> passages -> env observation token ids."""
-    from rllib_search.serve.index_build import build_index
-    from rllib_search.serve.indexes import load_index
+    from rllib_search.serve.retrieval.build import build_index
+    from rllib_search.serve.retrieval.load import load_index
 
     corpus = write_odd_corpus(tmp_path / "corpus.jsonl")
     build_index(corpus, tmp_path / "bm25", kind="bm25", progress=False)
@@ -318,8 +323,8 @@ def test_checkpoint_and_its_export_evaluate_the_same(ray_cluster, tmp_path, worl
     from transformers import AutoModelForCausalLM
 
     from rllib_search import ENV_ID
-    from rllib_search.algos.configs import SearchGRPOConfig
-    from rllib_search.algos.policy_eval import EvalSettings, build_runner, evaluate, load_policy
+    from rllib_search.algos import SearchGRPOConfig
+    from rllib_search.algos.evaluation.evaluate import EvalSettings, build_runner, evaluate, load_policy
     from rllib_search.data.formats import write_corpus_jsonl
     from rllib_search.env.protocols import get_protocol
     from rllib_search.llm.models import merged_state_dict

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rllib_search.algos.evaluation_cache import EvaluationCache, weights_digest
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.recipes.tiny_cpu.answer_cache import EvaluationCache, weights_digest
 
 SETTINGS = {"questions": [["q1", "Where was Tarquin Oskaley born?"]], "max_turn_tokens": 8}
 
@@ -76,7 +76,7 @@ def test_a_damaged_file_is_reported_and_recomputed(model_dir, tmp_path, caplog, 
     cache = EvaluationCache(tmp_path)
     key = cache.key(model_dir, SETTINGS)
     cache.path(key).write_text(content)
-    with caplog.at_level(logging.WARNING, logger="rllib_search.algos.evaluation_cache"):
+    with caplog.at_level(logging.WARNING, logger="rllib_search.recipes.tiny_cpu.answer_cache"):
         result, cached = cache.get_or_compute(key, lambda: {"ids": [7]})
     assert (result, cached) == ({"ids": [7]}, False)
     assert str(cache.path(key)) in caplog.text

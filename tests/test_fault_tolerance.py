@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_search.algos.configs import SearchGRPOConfig
+from rllib_search.algos import SearchGRPOConfig
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 from tests.helpers import KillsItsRunnerOnce, make_config, policy_weights
 
@@ -112,7 +112,7 @@ def test_two_remote_runners_shard_sync_aggregate_resume_and_survive_a_kill(
 def test_retriever_replicas_killed_mid_rollout_lose_no_episode(service, searching_model, world, corpus):
     from ray import serve
 
-    from rllib_search.serve.retriever import APP_NAME
+    from rllib_search.serve.retrieval.deployment import APP_NAME
     from tests.helpers import KillsReplicasOnce, retriever_replicas
 
     config = make_config(SearchGRPOConfig, searching_model, world, corpus).rollouts(max_turn_tokens=24)
@@ -204,7 +204,7 @@ def test_the_recipe_job_resumes_from_its_newest_checkpoint(
     assert Path(resumed["checkpoint"], "learner_group").is_dir()
 
     # A checkpoint damaged after it was written (a truncated state file) is refused by name on resume.
-    from rllib_search.algos.checkpoint_check import CheckpointError
+    from rllib_search.algos.checkpoints.check import CheckpointError
 
     newest = tmp_path / "out" / "checkpoints" / "checkpoint_000003"
     state = next(newest.glob("algorithm_state.*"))
@@ -215,7 +215,7 @@ def test_the_recipe_job_resumes_from_its_newest_checkpoint(
 
 
 def test_the_latest_checkpoint_is_never_a_half_written_one(tmp_path):
-    from rllib_search.algos.checkpoints import checkpoints, latest_checkpoint
+    from rllib_search.algos.checkpoints.periodic import checkpoints, latest_checkpoint
 
     assert latest_checkpoint(tmp_path / "none") is None
     for name in ("checkpoint_000010", "checkpoint_000002", ".tmp-checkpoint_000011-42", "checkpoint_x"):

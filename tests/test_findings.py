@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from rllib_search.recipes import findings as study
+from rllib_search.recipes.findings import study
 from tests.helpers import tuned_example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_the_algorithm_arms_get_the_same_budget():
 
 @pytest.mark.slow
 def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, monkeypatch):
-    from rllib_search.algos.evaluation import score_predictions
+    from rllib_search.algos.evaluation.scores import score_predictions
 
     model = str(build_tiny_causal_lm(tmp_path / "model", build_tiny_tokenizer(tmp_path / "tok")))
     out = tmp_path / "findings"
@@ -200,9 +200,9 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, 
     # A run with other settings carries nothing over (its arms are not the same experiment).
     assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}
     assert runner.carried_over(out / "findings.json", {**moved["run"], "iterations": 2}) == {}
-    # Each finding records the turn budget it was measured at (the smoke's 32). A file written before that
-    # was recorded was measured at the earlier CPU budgets: its findings carry over with those, and a run
-    # whose recipe has another budget trains them again.
+    # Each finding records the turn budget it was measured at (the smoke's 32). A file without it was
+    # measured at study.EARLIER_TURN_BUDGETS: its findings carry over with those, and a run whose recipe has
+    # another budget trains them again.
     assert moved["run"]["max_turn_tokens"] == {"search_r1": 32, "r_search": 32}
     assert moved["findings"]["masking"]["max_turn_tokens"] == 32
     assert "measured at: 32 (Retrieved-token masking)" in table
@@ -225,7 +225,7 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, 
 
 
 def test_a_rerun_arm_is_compared_with_the_committed_one_seed_by_seed():
-    from rllib_search.recipes import findings_check
+    from rllib_search.recipes.findings import check as findings_check
 
     committed = {"status": "run", "per_seed_em": {"0": 0.40, "1": 0.30, "2": 0.50}}
 

@@ -10,22 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_search.algos.configs import SearchSFTConfig
-from rllib_search.algos.fork_calibration import (
+from rllib_search.algos import SearchSFTConfig
+from rllib_search.algos.learners.losses import masked_mean
+from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
+from rllib_search.env.teacher import hops_of
+from rllib_search.llm.tiny import build_tiny_causal_lm
+from rllib_search.recipes.tiny_cpu.calibration import (
     FOLLOW,
     ForkCalibration,
     calibrate_forks,
     calibration_demonstrations,
-    close_position,
     follow_position,
     fork_positions,
 )
-from rllib_search.algos.losses import masked_mean
-from rllib_search.algos.plan_forks import ForkWindow, fork_contexts, mean_forks
-from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-from rllib_search.env.teacher import hops_of
-from rllib_search.llm.tiny import build_tiny_causal_lm
-from rllib_search.serve.bm25 import BM25Retriever
+from rllib_search.recipes.tiny_cpu.plan_forks import ForkWindow, fork_contexts, mean_forks
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
 from tests.helpers import ENV_SETTINGS, make_config
 
 SETTINGS = ForkCalibration(its_target=0.3, emphasis=2.0, lr=1e-3, questions_per_step=2, max_steps=2)
@@ -81,35 +80,6 @@ def test_each_question_gives_its_first_turns_with_the_forks_weighted(smollm2_tok
             others = [p for p in np.flatnonzero(rollout.loss_mask) if p not in weighted]
             assert np.all(rollout.nll_weights[others] == 1.0)
             assert np.all(rollout.nll_weights[rollout.loss_mask == 0] == 0.0)
-
-
-def test_the_comma_that_closes_a_going_on_plan_can_be_weighted(world, smollm2_tokenizer, questions):
-    """With ``close`` the plan that goes on also has the "," before its ", then answer" weighted; nothing
-    else changes (the same turns, the same weights elsewhere)."""
-    config = SearchEnvConfig.from_dict(ENV_SETTINGS)
-    env = MultiTurnSearchEnv(smollm2_tokenizer, None, None, config)
-    contexts = {h: fork_contexts(questions[h], env, smollm2_tokenizer) for h in questions}
-    retriever = BM25Retriever(world.passages)
-    plain, closed = (
-        calibration_demonstrations(
-            smollm2_tokenizer, retriever, questions, contexts, config, settings, seed=0
-        )
-        for settings in (SETTINGS, dataclasses.replace(SETTINGS, close=1.5))
-    )
-    for k in range(3):
-        for index in (3 * k, 3 * k + 2):  # the 1-hop turn and the hesitant plan: unchanged
-            np.testing.assert_array_equal(closed[index].nll_weights, plain[index].nll_weights)
-        full, before = closed[3 * k + 1], plain[3 * k + 1]
-        np.testing.assert_array_equal(full.token_ids, before.token_ids)
-        _, second = fork_positions(full, contexts[2][k])
-        position = close_position(full, contexts[2][k], second)
-        assert position > second + 1  # past " its" and the relation
-        assert int(full.token_ids[position]) == token_id(smollm2_tokenizer, ",")
-        rest = smollm2_tokenizer.decode(full.token_ids[position : full.turn_spans[0][1]])
-        assert rest.startswith(", then answer.")
-        assert full.nll_weights[position] == pytest.approx(1.5 * float(full.loss_mask.sum()))
-        changed = np.flatnonzero(full.nll_weights != before.nll_weights)
-        assert changed.tolist() == [position]
 
 
 def test_a_pair_of_plans_is_the_soft_cross_entropy_at_the_second_fork(calibration_set):
@@ -189,34 +159,6 @@ def test_two_turns_keep_the_turn_after_the_first_search_as_the_plan_says(
         assert seconds["full"][1].startswith(" Next I need") and "<search>" in seconds["full"][1]
         assert seconds["hesitant"][0].rstrip().endswith(", then answer.")
         assert seconds["hesitant"][1].startswith(" </think>") and "<answer>" in seconds["hesitant"][1]
-
-
-def test_the_second_turn_can_be_kept_on_the_two_hop_demonstrations_only(
-    world, smollm2_tokenizer, questions, calibration_set
-):
-    """``second_turn_hops=(2,)``: the 1-hop demonstrations are exactly the first turns of turns=1, the 2-hop
-    ones exactly those of turns=2 (both turns, the follow token weighted)."""
-    contexts, first_turns = calibration_set
-    retriever, config = BM25Retriever(world.passages), SearchEnvConfig.from_dict(ENV_SETTINGS)
-    two_turns = dataclasses.replace(SETTINGS, turns=2)
-    both = calibration_demonstrations(
-        smollm2_tokenizer, retriever, questions, contexts, config, two_turns, seed=0
-    )
-    two_hop_only = calibration_demonstrations(
-        smollm2_tokenizer,
-        retriever,
-        questions,
-        contexts,
-        config,
-        dataclasses.replace(SETTINGS, turns=2, second_turn_hops=(2,)),
-        seed=0,
-    )
-    assert len(two_hop_only) == len(both) == len(first_turns)
-    for k, rollout in enumerate(two_hop_only):
-        expected = first_turns[k] if k % 3 == 0 else both[k]  # every third is a 1-hop question's turn
-        assert len(rollout.turn_spans) == (1 if k % 3 == 0 else 2)
-        assert np.array_equal(rollout.token_ids, expected.token_ids)
-        assert np.array_equal(rollout.nll_weights, expected.nll_weights)
 
 
 @pytest.mark.slow
@@ -302,7 +244,3 @@ def test_the_settings_are_checked():
         ForkCalibration(min_steps=3, max_steps=2)
     with pytest.raises(ValueError, match="turns"):
         ForkCalibration(turns=3)
-    with pytest.raises(ValueError, match="second_turn_hops"):
-        ForkCalibration(turns=2, second_turn_hops=(3,))
-    with pytest.raises(ValueError, match="close"):
-        ForkCalibration(close=-1.0)

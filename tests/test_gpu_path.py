@@ -18,8 +18,8 @@ from gymnasium import spaces
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 
 from rllib_search import ENV_ID
-from rllib_search.algos.configs import SearchGRPOConfig
-from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.algos import SearchGRPOConfig
+from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 from rllib_search.llm.engines.hf import HFEngine
 from rllib_search.llm.models import (
     apply_lora,
@@ -121,7 +121,7 @@ def test_engine_weights_are_the_plain_models_own_parameters(model_dir):
         torch.testing.assert_close(tensor, reference[name].detach(), atol=1e-6, rtol=1e-6)
     assert any(not torch.equal(merged[name], p) for name, p in plain.named_parameters())  # adapters count
     assert engine_weights(peft_model).names == plain_names
-    assert any("lora_A" in name for name in peft_model.state_dict())  # what used to be sent
+    assert any("lora_A" in name for name in peft_model.state_dict())  # its raw state_dict has adapters
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
@@ -151,9 +151,9 @@ def test_an_update_at_lr_1e6_under_bf16_autocast_moves_the_fp32_master_weights(
     ray_cluster, model_dir, world, corpus
 ):
     from rllib_search.algos.algorithm import train_batch
-    from rllib_search.algos.demonstrations import teacher_rollouts
+    from rllib_search.algos.rollouts.demonstrations import teacher_rollouts
     from rllib_search.env.search_env import SearchEnvConfig
-    from rllib_search.serve.bm25 import BM25Retriever
+    from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
     config = make_config(model_dir, world, corpus, lr=1e-6, autocast=True, grad_clip=None)
     group = config.build_learner_group(spaces=spaces_of(model_dir))

@@ -14,10 +14,10 @@ import torch
 from rllib_search.cli import main as cli_main
 from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.serve.encoders import EncoderSpec, resolve_model_path
-from rllib_search.serve.index_import import import_faiss_index
-from rllib_search.serve.index_manifest import IndexFileError, IndexMismatchError, read_manifest
-from rllib_search.serve.indexes import load_index
+from rllib_search.serve.retrieval.encoders import EncoderSpec, resolve_model_path
+from rllib_search.serve.retrieval.import_faiss import import_faiss_index
+from rllib_search.serve.retrieval.load import load_index
+from rllib_search.serve.retrieval.manifest import IndexFileError, IndexMismatchError, read_manifest
 
 MINILM = "all-minilm-l6-v2"
 # Search-R1 embeds with E5's prefixes; the bundled MiniLM stands in for E5 with the same prefixes.

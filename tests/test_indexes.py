@@ -16,19 +16,19 @@ import pytest
 
 from rllib_search.data.formats import corpus_jsonl_to_parquet, write_corpus_jsonl
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.serve.bm25 import BM25Retriever
-from rllib_search.serve.encoders import EncoderSpec, resolve_model_path
-from rllib_search.serve.index_build import build_index, ensure_index
-from rllib_search.serve.index_cli import add_index_commands
-from rllib_search.serve.index_manifest import (
+from rllib_search.serve.memory import resident_memory_mb
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.build import build_index, ensure_index
+from rllib_search.serve.retrieval.cli import add_index_commands
+from rllib_search.serve.retrieval.encoders import EncoderSpec, resolve_model_path
+from rllib_search.serve.retrieval.load import load_index
+from rllib_search.serve.retrieval.manifest import (
     IndexFileError,
     IndexMismatchError,
     index_identity,
     read_manifest,
 )
-from rllib_search.serve.index_search import SearchIndex
-from rllib_search.serve.indexes import load_index
-from rllib_search.serve.memory import resident_memory_mb
+from rllib_search.serve.retrieval.search import SearchIndex
 
 MINILM = "all-minilm-l6-v2"
 
@@ -159,7 +159,7 @@ def test_ensure_index_builds_once_under_concurrent_callers_and_replaces_a_half_b
     manifest (a build that stopped in place) is rebuilt, and a dead builder's staging directory removed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rllib_search.serve import index_build
+    from rllib_search.serve.retrieval import build as index_build
 
     builds = []
 

@@ -13,15 +13,15 @@ from rllib_search.env.rewards import token_f1
 from rllib_search.llm.family import SameFamilyJudgeError
 from rllib_search.llm.models import load_causal_lm
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from rllib_search.serve.judge import build_judge_app
-from rllib_search.serve.judge_client import (
+from rllib_search.serve.http.ports import free_port
+from rllib_search.serve.judge.client import (
     JudgeClient,
     JudgeClientRequestError,
     JudgeUnavailable,
     build_judge,
     check_judge_family,
 )
-from rllib_search.serve.ports import free_port
+from rllib_search.serve.judge.deployment import build_judge_app
 
 pytestmark = pytest.mark.slow
 
@@ -198,12 +198,12 @@ def test_serve_config_yamls_build_their_apps():
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    from rllib_search.serve.judge import DEPLOYMENT_NAME
+    from rllib_search.serve.judge.deployment import DEPLOYMENT_NAME
 
     examples = Path(__file__).parents[1] / "tuned_examples"
     ours = ServeDeploySchema.parse_obj(yaml.safe_load((examples / "serve_judge.yaml").read_text()))
     app_config = ours.applications[0]
-    assert app_config.import_path == "rllib_search.serve.judge:build_judge_app"
+    assert app_config.import_path == "rllib_search.serve.judge.deployment:build_judge_app"
     assert ours.http_options.host == "127.0.0.1"
     deployment = build_judge_app(app_config.args)._bound_deployment
     assert deployment.name == DEPLOYMENT_NAME

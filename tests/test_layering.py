@@ -1,20 +1,24 @@
 """Imports run downward (docs/architecture.md, "Imports run downward"), checked by parsing the source.
 
 Every import counts: module-level, inside functions and under ``if TYPE_CHECKING``. A lazy import only
-moves a dependency's cost to call time; it is a dependency all the same. The layers, lowest first:
+moves a dependency's cost to call time; it is a dependency all the same. The layers, lowest first (a
+module belongs to the layer of its longest matching prefix):
 
 - ``metrics``: the table of Ray metric names and ``record`` (``rllib_search/metrics.py``); a leaf that
   imports nothing of the package, so every layer may record a metric;
 - ``data``: records (``QARecord``, ``Passage``, the ``Retriever`` protocol), formats, the synthetic world;
 - ``env``: protocols, rewards, the multi-turn env, the teacher; may use ``data``;
 - ``llm``: models and generation engines; may use ``env`` and ``data``;
-- ``serve``: the retrieval and judge services and their clients;
-- ``algos``: RLlib configs, Algorithms, learner, EnvRunner;
-- ``recipes``: the papers' configs and jobs;
+- ``serve``: what the services share (``serve.http``, ``serve.cluster``, ``serve.memory``, ...), then the
+  retriever and the judge (``serve.retrieval``, ``serve.judge``), then the ``serve`` command;
+- ``algos``: the policy model (``algos.model``), sampling (``algos.rollouts``), learning
+  (``algos.learners``), checkpoints, then the configs and Algorithms, then evaluation;
+- ``recipes``: the papers' configs and jobs, then the studies and the CPU main job built on them;
 - ``top``: the package's ``__init__`` and every other top-level module (``cli``, ``registration``, ...).
 
 A module may import its own layer or any lower one. ``tuned_examples/`` and ``benchmarks/`` sit above all
-of it: the package never imports them (nor ``tests``).
+of it: the package never imports them (nor ``tests``). The core (``algos``) knows nothing of the recipes:
+the CPU main job's own parts live in ``recipes.tiny_cpu``.
 """
 
 from __future__ import annotations
@@ -33,19 +37,30 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("env", ("rllib_search.env",)),
     ("llm", ("rllib_search.llm",)),
     ("serve", ("rllib_search.serve",)),
+    ("serve services", ("rllib_search.serve.retrieval", "rllib_search.serve.judge")),
+    ("serve command", ("rllib_search.serve.cli",)),
+    ("algos model", ("rllib_search.algos.model",)),
+    ("algos rollouts", ("rllib_search.algos.rollouts",)),
+    ("algos learners", ("rllib_search.algos.learners",)),
+    ("algos checkpoints", ("rllib_search.algos.checkpoints",)),
     ("algos", ("rllib_search.algos",)),
+    ("algos evaluation", ("rllib_search.algos.evaluation",)),
     ("recipes", ("rllib_search.recipes",)),
+    ("recipes studies", ("rllib_search.recipes.findings", "rllib_search.recipes.tiny_cpu")),
 )
 TOP = len(LAYERS)
 FORBIDDEN_ROOTS = ("tuned_examples", "benchmarks", "tests")
 
 
 def layer_of(module: str) -> int:
-    """The rank of a module's layer; a module of no named layer (a top-level one) is on top."""
+    """The rank of a module's layer, by its longest matching prefix; a module of no named layer (a
+    top-level one) is on top."""
+    best, rank_of_best = -1, TOP
     for rank, (_, prefixes) in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return rank
-    return TOP
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank_of_best = len(prefix), rank
+    return rank_of_best
 
 
 def layer_name(rank: int) -> str:
@@ -121,6 +136,22 @@ def test_every_subpackage_has_a_layer():
     subpackages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     named = {prefix.split(".")[1] for _, prefixes in LAYERS for prefix in prefixes}
     assert subpackages <= named, f"subpackages without a layer: {sorted(subpackages - named)}"
+
+
+def test_the_core_knows_nothing_of_the_main_job():
+    """No hop counts, plan forks or guidance in the configs, the learners or the EnvRunner: the recipe owns
+    them, through the runner's group hook."""
+    algos = ROOT / "algos"
+    rollouts = [algos / "rollouts" / f"{name}.py" for name in ("env_runner", "record", "loop", "sampler")]
+    core = [algos / "config.py", *(algos / "learners").glob("*.py"), *rollouts]
+    words = ("num_hops", "fork", "guidance", "hesitat", "tiny_cpu")
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{number}: {line.strip()}"
+        for path in core
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if any(word in line for word in words)
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_no_upward_import():

@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_search.algos.algorithm import train_batch
-from rllib_search.algos.configs import (
+from rllib_search.algos import (
     SearchGRPOConfig,
     SearchPPOConfig,
     SearchReinforcePPConfig,
     SearchSFTConfig,
 )
-from rllib_search.algos.demonstrations import teacher_rollouts
+from rllib_search.algos.algorithm import train_batch
+from rllib_search.algos.rollouts.demonstrations import teacher_rollouts
 from rllib_search.data.formats import write_qa_jsonl
 from rllib_search.env.search_env import SearchEnvConfig
 from rllib_search.llm.models import load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from rllib_search.serve.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
 from tests.helpers import ENV_SETTINGS, make_config, policy_weights
 
 pytestmark = pytest.mark.slow
@@ -417,17 +417,6 @@ def test_config_validation(model_dir, world, corpus):
     with pytest.raises(ValueError, match="use one or the other"):
         no_mask = {"trained_turns": 1, "mask_retrieved_tokens": False}
         make_config(SearchGRPOConfig, model_dir, world, corpus, **no_mask).validate()
-    with pytest.raises(ValueError, match="credit_after must be"):
-        make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after="").validate()
-    with pytest.raises(ValueError, match="use one or the other"):
-        no_mask = {"credit_after": ", then", "mask_retrieved_tokens": False}
-        make_config(SearchGRPOConfig, model_dir, world, corpus, **no_mask).validate()
-    with pytest.raises(ValueError, match="set credit_after"):
-        make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after_hops=(2,)).validate()
-    for hops in ((), "2", (0,), (1.5,), (True,)):
-        with pytest.raises(ValueError, match="credit_after_hops must be"):
-            bad = {"credit_after": ", then", "credit_after_hops": hops}
-            make_config(SearchGRPOConfig, model_dir, world, corpus, **bad).validate()
     with pytest.raises(ValueError, match="sample_retries"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(sample_retries=-1).validate()
     config = make_config(SearchGRPOConfig, model_dir, world, corpus).fault_tolerance(
@@ -599,109 +588,6 @@ def test_trained_turns_credits_the_first_turns_only(model_dir, world, corpus, de
     whole = train_batch(episodes[:1], every_turn, 0).policy_batches["default_policy"]
     np.testing.assert_array_equal(whole["loss_mask"][0], full["loss_mask"][0, : whole["loss_mask"].shape[1]])
     assert whole["loss_mask"][0].sum() == full["loss_mask"][0].sum()
-
-
-def first_generated_occurrence(episode, marker):
-    """Where ``marker`` ends in ``episode`` the first time every one of its tokens was generated (None)."""
-    ids, mask = episode.token_ids.tolist(), episode.loss_mask.tolist()
-    for start in range(len(ids) - len(marker) + 1):
-        if ids[start : start + len(marker)] == marker and all(mask[start : start + len(marker)]):
-            return start + len(marker)
-    return None
-
-
-def test_credit_after_trains_only_what_follows_the_first_generated_marker(
-    model_dir, world, corpus, demonstrations
-):
-    """With a credit marker an episode's loss mask keeps only the generated tokens after the first place the
-    policy generated the marker's ids (here two ids from the middle of its first turn); ids that occur only
-    where the env wrote them (the prompt) leave nothing to train; advantages and tokens are unchanged."""
-    config = make_config(SearchGRPOConfig, model_dir, world, corpus, trained_turns=1)
-    for episode in demonstrations[:3]:
-        start = episode.turn_spans[0][0]
-        marker = episode.token_ids[start + 3 : start + 5].tolist()
-        cut = first_generated_occurrence(episode, marker)
-        assert cut is not None and cut <= start + 5
-        plain = train_batch([episode], config, 0).policy_batches["default_policy"]
-        kept = train_batch([episode], config, 0, credit_marker=marker).policy_batches["default_policy"]
-        np.testing.assert_array_equal(kept["input_ids"], plain["input_ids"])
-        np.testing.assert_array_equal(kept["episode_advantages"], plain["episode_advantages"])
-        assert kept["loss_mask"][0, : cut - 1].sum() == 0  # position t of the mask scores token t + 1
-        np.testing.assert_array_equal(kept["loss_mask"][0, cut - 1 :], plain["loss_mask"][0, cut - 1 :])
-        assert 0 < kept["loss_mask"][0].sum() < plain["loss_mask"][0].sum()
-        prompt_only = episode.token_ids[: episode.prompt_length].tolist()
-        marker = next(
-            prompt_only[k : k + 3]
-            for k in range(len(prompt_only) - 2)
-            if first_generated_occurrence(episode, prompt_only[k : k + 3]) is None
-        )
-        nothing = train_batch([episode], config, 0, credit_marker=marker).policy_batches["default_policy"]
-        assert nothing["loss_mask"].sum() == 0
-
-
-def test_credit_after_hops_applies_the_marker_to_the_episodes_of_those_hop_counts_only(
-    model_dir, world, corpus, demonstrations
-):
-    """``credit_after_hops`` picks the episodes the marker cuts by their question's hop count (read from the
-    record into ``Rollout.num_hops``): those of another hop count keep every generated token."""
-    by_hops = {episode.num_hops: episode for episode in demonstrations}
-    assert {1, 2} <= set(by_hops)
-    one_hop, two_hop = by_hops[1], by_hops[2]
-    marker = [one_hop.token_ids[one_hop.turn_spans[0][0] + 1]]
-    assert first_generated_occurrence(two_hop, marker) is not None
-    config = make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after="x", credit_after_hops=[2])
-    config.validate()
-    assert config.credit_after_hops == (2,)
-    every = make_config(SearchGRPOConfig, model_dir, world, corpus, credit_after="x")
-    plain = train_batch([one_hop, two_hop], every, 0, credit_marker=marker)
-    picked = train_batch([one_hop, two_hop], config, 0, credit_marker=marker)
-    uncut = train_batch([one_hop, two_hop], config, 0)
-    plain_mask, picked_mask = (b.policy_batches["default_policy"]["loss_mask"] for b in (plain, picked))
-    uncut_mask = uncut.policy_batches["default_policy"]["loss_mask"]
-    np.testing.assert_array_equal(picked_mask[0], uncut_mask[0])  # the 1-hop episode: every generated token
-    assert plain_mask[0].sum() < uncut_mask[0].sum()
-    np.testing.assert_array_equal(picked_mask[1], plain_mask[1])  # the 2-hop one: cut at the marker
-    assert 0 < picked_mask[1].sum() < uncut_mask[1].sum()
-
-
-def test_kl_coeff_by_hops_weights_each_episodes_kl_by_its_question_hop_count(
-    ray_cluster, model_dir, world, corpus, demonstrations
-):
-    """``kl_coeff_by_hops``: each episode's KL term carries its question's hop-count coefficient (the others
-    ``kl_coeff``), so the loss is the policy loss plus the per-episode KL means so weighted."""
-    from rllib_search.algos.losses import kl_estimate
-
-    for bad in ({}, {0: 0.1}, {1: -0.1}, {"1": 0.1}, [1]):
-        with pytest.raises(ValueError, match="kl_coeff_by_hops must be"):
-            make_config(SearchGRPOConfig, model_dir, world, corpus, kl_coeff_by_hops=bad).validate()
-    with pytest.raises(ValueError, match="needs kl_coeff > 0"):
-        make_config(
-            SearchGRPOConfig, model_dir, world, corpus, kl_coeff=0.0, kl_coeff_by_hops={1: 0.1}
-        ).validate()
-    by_hops = {episode.num_hops: episode for episode in demonstrations}
-    episodes = [by_hops[1], by_hops[2]]
-    config = make_config(SearchGRPOConfig, model_dir, world, corpus, kl_coeff=0.01, kl_coeff_by_hops={1: 0.5})
-    algo = config.build_algo()
-    learner = learner_of(algo)
-    module = learner.module["default_policy"].unwrapped()
-    algo.learner_group.update(batch=with_advantages(demonstrations[:4], [1.0, -1.0, 0.5, -0.5], algo.config))
-    batch = with_advantages(episodes, [1.0, -1.0], algo.config)
-    np.testing.assert_array_equal(
-        batch.policy_batches["default_policy"]["kl_coeffs"], np.float32([0.5, 0.01])
-    )
-    prepared = learner.prepare_batch(batch).policy_batches["default_policy"]
-    columns = {k: torch.as_tensor(np.asarray(v)) for k, v in prepared.items()}
-    with torch.no_grad():
-        out = module.forward_train(columns)
-        loss, stats = learner.masked_loss(columns, out)
-    mask = columns["loss_mask"].float()
-    token_kl = kl_estimate(out["logprobs"], columns["ref_logprobs"], algo.config.kl_estimator)
-    episode_kl = (token_kl * mask).sum(-1) / mask.sum(-1)
-    assert (episode_kl > 0).all()  # the update moved the policy off its reference
-    expected = stats["policy_loss"] + (episode_kl * torch.tensor([0.5, 0.01])).mean()
-    assert float(loss) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
-    assert float(stats["kl"]) == pytest.approx(float(episode_kl.mean()), rel=1e-5)  # reported unweighted
-    algo.stop()
 
 
 def test_trained_turns_loss_equals_the_whole_episodes_loss_masked_after_the_first_turn(

@@ -16,11 +16,11 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from benchmarks.learner_bench import search_batch
-from rllib_search.algos.configs import SearchPPOConfig
-from rllib_search.algos.deepspeed_learner import SearchDeepSpeedLearner
-from rllib_search.algos.learner import SearchLearner
-from rllib_search.algos.lr_warmup import LearningRateWarmup
-from rllib_search.algos.torch_learner import SearchTorchLearner
+from rllib_search.algos import SearchPPOConfig
+from rllib_search.algos.learners.deepspeed_learner import SearchDeepSpeedLearner
+from rllib_search.algos.learners.lr_warmup import LearningRateWarmup
+from rllib_search.algos.learners.search_learner import SearchLearner
+from rllib_search.algos.learners.torch_learner import SearchTorchLearner
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 

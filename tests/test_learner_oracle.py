@@ -12,7 +12,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from benchmarks.learner_bench import RawLoop, build_learner, search_batch
-from rllib_search.algos.configs import SearchGRPOConfig, SearchPPOConfig, SearchReinforcePPConfig
+from rllib_search.algos import SearchGRPOConfig, SearchPPOConfig, SearchReinforcePPConfig
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -221,8 +221,8 @@ def test_matmul_speed_is_the_products_flops_over_its_best_time(dtype, monkeypatc
 
 
 def test_bf16_is_chosen_only_where_its_products_pay():
-    """bf16 units alone do not make bf16 the faster precision: an Intel Xeon whose hypervisor hides AMX ran
-    bf16 products at 0.49x fp32's (stop 83). The rule: native, and at least 0.75x fp32's speed."""
+    """bf16 units alone do not make bf16 the faster precision: on a CPU whose hypervisor hides AMX, bf16
+    products can run at half fp32's speed. The rule: native, and at least 0.75x fp32's speed."""
     hidden_amx = decide_cpu_precision(True, fp32_gflops=345.0, bf16_gflops=169.0)
     assert not hidden_amx.bf16 and hidden_amx.bf16_ratio == pytest.approx(169 / 345)
     assert "0.49x fp32's" in hidden_amx.reason() and "169 vs 345 GFLOP/s" in hidden_amx.reason()
@@ -248,7 +248,7 @@ def test_this_cpus_precision_is_measured_once_and_follows_the_rule():
 
 def test_the_cpu_is_named_with_its_family_where_the_kernel_reports_it():
     """A hypervisor may call every EPYC "AMD EPYC"; the family and model numbers tell Zen 2 from Zen 5.
-    Descriptions recorded before they were (stop 75) still read as one line."""
+    Older descriptions recorded without them still read as one line."""
     here = cpu_description()
     assert here["cpu"] and here["cores"] >= 1
     if os.path.exists("/proc/cpuinfo"):

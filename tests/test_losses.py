@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_search.algos.losses import clipped_policy_loss, clipped_value_loss, kl_estimate, masked_mean
+from rllib_search.algos.learners.losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    kl_estimate,
+    masked_mean,
+)
 
 MASK = torch.tensor([[0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 0, 0]])
 

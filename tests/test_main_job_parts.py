@@ -1,4 +1,4 @@
-"""The two equalities stop 49's speed-ups rest on (``benchmarks/main_job_parts_bench.py`` times them on
+"""The two equalities the main job's batching rests on (``benchmarks/main_job_parts_bench.py`` times them on
 SmolLM2): greedy evaluation in one batch gives the answers of a batch per hop count, and a GRPO update in
 micro-batches of 16 (the minibatch) gives the weights of micro-batches of 4."""
 

@@ -1,7 +1,7 @@
-"""tuned_examples/main_job_seeds.py's own parts: the seed list, issue 13's verdict on a run's summary, the
-pass rate's interval, when a seed's earlier run is reused, and a seed whose main job fails (recorded, the
-sweep goes on, exit 1). Its run of a real main job and its resume are in test_tuned_examples.py (the main
-job's end-to-end test goes through it)."""
+"""benchmarks/main_job_seeds.py's own parts: the seed list, the main job's goal as a verdict on a run's
+summary, the pass rate's interval, when a seed's earlier run is reused, the report, and a seed whose main
+job fails (recorded, the sweep goes on, exit 1, the totals as the last line). Its run of a real main job and
+its resume are in test_tuned_examples.py (the main job's end-to-end test goes through it)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tuned_example
+from benchmarks import main_job_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    return tuned_example("main_job_seeds")
+    return main_job_seeds
 
 
 def _summary(gain_2hop, interval_2hop, gain_1hop, interval_1hop):
@@ -40,7 +40,7 @@ def test_seeds_parse_as_lists_and_ranges():
             seeds.parse_seeds(bad)
 
 
-def test_the_verdict_is_issue_13s_goal():
+def test_the_verdict_is_the_main_jobs_goal():
     verdict = _script().goal_verdict
     assert verdict(_summary(0.28, [0.16, 0.42], 0.0, [0.0, 0.0])) == (True, [])
     assert verdict(_summary(0.20, [0.06, 0.34], -0.04, [-0.12, 0.04])) == (True, [])  # 1-hop within
@@ -60,14 +60,21 @@ def test_the_pass_rate_interval_is_wilsons():
 
 
 def test_a_seed_whose_main_job_fails_is_recorded_and_the_sweep_exits_1(tmp_path):
-    command = [sys.executable, str(ROOT / "tuned_examples" / "main_job_seeds.py")]
-    command += ["--seeds", "4-5", "--out", str(tmp_path), "--", "--rl-recipe", "no-such-recipe"]
+    command = [sys.executable, str(ROOT / "benchmarks" / "main_job_seeds.py")]
+    command += ["--seeds", "4-5", "--out", str(tmp_path), "--", "--no-such-flag", "no-such-value"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     document = json.loads((tmp_path / "seeds.json").read_text())
     assert document["failed_seeds"] == [4, 5] and document["rows"] == [] and document["passes"] == 0
-    assert "no-such-recipe" in (tmp_path / "seed_4" / "main_job.log").read_text()
+    assert "--no-such-flag" in (tmp_path / "seed_4" / "main_job.log").read_text()
     assert "the main job failed" in done.stdout and not (tmp_path / "seed_4" / "run.json").exists()
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "seeds": [],
+        "passes": 0,
+        "pass_rate_interval": [0.0, 1.0],
+        "mean_rl_gain_2hop": None,
+        "failed_seeds": [4, 5],
+    }
     refused = subprocess.run(
         [*command[:2], "--out", str(tmp_path), "--", "--seed", "3"],
         capture_output=True,
@@ -79,28 +86,28 @@ def test_a_seed_whose_main_job_fails_is_recorded_and_the_sweep_exits_1(tmp_path)
 
 def test_a_seed_is_reused_only_under_the_same_flags_and_defaults(tmp_path):
     """A seed's earlier run is read back when it ran with the same flags under the main job's defaults of
-    now; one recorded under another default (the search cost was 0.1 in stops 85-87), with other flags, for
-    another seed or by a sweep that kept only the flags runs again."""
+    now; one recorded under another default (here the KL coefficient), with other flags, for another seed or
+    by a sweep that kept only the flags runs again."""
     seeds = _script()
     flags = ["--rl-iterations", "6"]
     (tmp_path / "summary.json").write_text(json.dumps({"seconds": 1.0}))
     record = seeds.run_record(3, flags)
     settings = record["settings"]
-    default_cost = seeds._main_job().build_parser().get_default("search_cost")
+    default_kl = seeds._main_job().build_parser().get_default("kl_coeff")
     assert settings["seed"] == 3 and settings["rl_iterations"] == 6
-    assert settings["search_cost"] == default_cost
+    assert settings["kl_coeff"] == default_kl
     assert "out" not in settings and settings["bf16"] is None  # the machine's precision is chosen later
     (tmp_path / "run.json").write_text(json.dumps(record))
     assert seeds.earlier_run(3, tmp_path, flags) == {"seconds": 1.0}
     assert seeds.earlier_run(4, tmp_path, flags) is None
     assert seeds.earlier_run(3, tmp_path, ["--rl-iterations", "8"]) is None
-    other_default = {**record, "settings": {**settings, "search_cost": default_cost + 0.1}}
+    other_default = {**record, "settings": {**settings, "kl_coeff": default_kl * 2}}
     (tmp_path / "run.json").write_text(json.dumps(other_default))
     assert seeds.earlier_run(3, tmp_path, flags) is None
     (tmp_path / "run.json").write_text(json.dumps({"seed": 3, "flags": flags}))
     assert seeds.earlier_run(3, tmp_path, flags) is None
-    refused = seeds.run_record(3, ["--rl-recipe", "no-such-recipe"])
-    assert refused == {"seed": 3, "flags": ["--rl-recipe", "no-such-recipe"], "settings": None}
+    refused = seeds.run_record(3, ["--no-such-flag", "no-such-value"])
+    assert refused == {"seed": 3, "flags": ["--no-such-flag", "no-such-value"], "settings": None}
 
 
 def test_a_row_keeps_the_stages_its_run_evaluated():
@@ -122,13 +129,21 @@ def test_a_row_keeps_the_stages_its_run_evaluated():
     assert row["meets_goal"] and row["kept_iteration"] == 6 and row["kept_alpha"] == 1.0
     mixed = seeds.seed_row(9, {**summary, "rl_validation": {"kept_iteration": 6, "kept_alpha": 0.25}})
     assert seeds.kept_weights(row) == "6" and seeds.kept_weights(mixed) == "6 (0.25 x RL)"
-    document = seeds.report([row], ["--calibration-turns", "2"], failed=[8])
+    document = seeds.report([row], ["--rl-iterations", "12"], failed=[8])
     assert document["passes"] == 1 and document["failed_seeds"] == [8]
     assert document["mean_rl_gain_2hop"]["value"] == pytest.approx(0.30)
     table = seeds.markdown(document)
     assert "| 7 | 0.90 / 0.10 | 0.90 / 0.40 | +0.30 [+0.16, +0.44] |" in table
-    assert "`--calibration-turns 2`" in table and "seeds [8]" in table
-    assert "Machines (the seconds depend on them): not recorded (seeds 7)." in table  # an older summary
+    assert "`--rl-iterations 12`" in table and "seeds [8]" in table
+    assert "Written by `benchmarks/main_job_seeds.py`." in table and "schedules" not in document
+    assert seeds.totals(document) == {
+        "seeds": [7],
+        "passes": 1,
+        "pass_rate_interval": document["pass_rate_interval"],
+        "mean_rl_gain_2hop": document["mean_rl_gain_2hop"],
+        "failed_seeds": [8],
+    }
+    assert "Machines (the seconds depend on them): not recorded (seeds 7)." in table  # no machine recorded
 
 
 def test_rows_record_the_machine_their_run_measured():
@@ -140,9 +155,9 @@ def test_rows_record_the_machine_their_run_measured():
     assert here["cores"] >= 1 and here["torch_threads"] >= 1 and isinstance(here["native_bf16"], bool)
     assert here["vector_unit"] and here["cpu"]
     other = {**here, "cpu": "Another CPU", "vector_unit": "AVX512", "native_bf16": True}
-    other |= {"cpu_family": 6, "cpu_model": 143}  # recorded since stop 75
-    other |= {"matmul_gflops_start": 66.2, "matmul_gflops_end": 33.4}  # measured since stop 71
-    shared = {**other, "cpu_steal_share": 0.0041}  # since stop 75: the hypervisor's share of the run
+    other |= {"cpu_family": 6, "cpu_model": 143}
+    other |= {"matmul_gflops_start": 66.2, "matmul_gflops_end": 33.4}  # the product speed at start and end
+    shared = {**other, "cpu_steal_share": 0.0041}  # the hypervisor's share of the run's CPU time
     base = {
         **_summary(0.30, [0.16, 0.44], 0.0, [-0.04, 0.04]),
         "em": {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.4}},
@@ -161,73 +176,3 @@ def test_rows_record_the_machine_their_run_measured():
     # and the share of the run's CPU time the hypervisor took, where that was.
     assert "| 812 (66 -> 33 GFLOP/s) | meets |" in table and table.count("| 812 | meets |") == 2
     assert "| 812 (66 -> 33 GFLOP/s, 0.4% stolen) | meets |" in table
-
-
-def _reading_row(iteration, correct, gain_2hop, gain_1hop, held_out=True):
-    """One GRPO iteration's row as the main job writes it with --rl-validate-at and
-    --rl-validation-held-out (gains as value, low, high)."""
-    row = {"iteration": iteration, "validation": {"iteration": iteration, "correct": correct}}
-    if held_out:
-        gain = {
-            "2hop": dict(zip(("value", "low", "high"), gain_2hop)),
-            "1hop": dict(zip(("value", "low", "high"), gain_1hop)),
-        }
-        row["held_out"] = {"em_1hop": 0.9, "em_2hop": 0.4, "gain": gain}
-    return row
-
-
-def test_reading_schedules_are_scored_by_the_jobs_rule_on_the_runs_held_out_readings():
-    """--score-readings: each schedule keeps what the job's rule (most right, latest on a tie) keeps among
-    its readings, and is judged on that iteration's held-out gains; a run without a reading's held-out
-    evaluation cannot tell."""
-    seeds = _script()
-    assert seeds.reading_schedule("8, 4,6") == (4, 6, 8)
-    for bad in ("", "0,4", "4,x"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            seeds.reading_schedule(bad)
-    grpo = [
-        {"iteration": 1},  # not read
-        _reading_row(2, 25, (0.16, 0.04, 0.30), (0.0, 0.0, 0.0)),
-        _reading_row(3, 27, (0.30, 0.16, 0.44), (-0.10, -0.20, -0.02)),
-        _reading_row(4, 27, (0.36, 0.22, 0.50), (0.0, -0.04, 0.04)),
-        _reading_row(5, 30, (0.50, 0.36, 0.64), (0.0, 0.0, 0.0), held_out=False),
-    ]
-    summary = {
-        **_summary(0.36, [0.22, 0.50], 0.0, [-0.04, 0.04]),
-        "em": {"after warm start": {"1hop": 0.9, "2hop": 0.1}, "after RL": {"1hop": 0.9, "2hop": 0.46}},
-        "searches_per_episode": {"after warm start": {"2hop": 1.0}, "after RL": {"2hop": 1.8}},
-        "rl_validation": {"kept_iteration": 4},
-        "seconds": 600.0,
-        "grpo": grpo,
-    }
-    outcome = seeds.scheduled_outcome
-    assert outcome(summary, (2,))["kept_iteration"] == 2
-    fails = outcome(summary, (2,))
-    assert not fails["meets_goal"] and fails["why_not"] == ["2-hop gain +0.16 is below +0.20"]
-    one_hop_loss = outcome(summary, (2, 3))  # 3 has more right answers: kept, and its 1-hop fell
-    assert one_hop_loss["kept_iteration"] == 3 and not one_hop_loss["meets_goal"]
-    assert one_hop_loss["rl_gain_1hop_interval"] == [-0.20, -0.02]
-    tied = outcome(summary, (2, 3, 4))  # 3 and 4 tie: the latest
-    assert tied["kept_iteration"] == 4 and tied["meets_goal"] and tied["rl_gain_2hop"] == 0.36
-    assert outcome(summary, (1, 2)) is None and outcome(summary, (4, 5)) is None  # 1 unread; 5 no held-out
-    assert outcome(summary, (6,)) is None  # the run stopped before
-    # A run that read WiSE-FT mixes read them only at the iteration it kept: no other schedule is known.
-    mixes = [{"alpha": 1.0, "correct": 27}, {"alpha": 0.25, "correct": 25}]
-    read_mixes = {**summary, "rl_validation": {"kept_iteration": 4, "interpolations": mixes}}
-    assert outcome(read_mixes, (2, 3, 4)) is None
-    schedules = ((2,), (2, 3, 4), (4, 5))
-    rows = [seeds.seed_row(seed, summary, schedules) for seed in (0, 1)]
-    assert rows[0]["schedules"]["2,3,4"] == tied and rows[0]["schedules"]["4,5"] is None
-    document = seeds.report(rows, ["--rl-validation-held-out"])
-    totals = document["schedules"]
-    assert totals["2"]["passes"] == 0
-    assert totals["2,3,4"]["passes"] == 2 and totals["2,3,4"]["seeds"] == [0, 1]
-    assert totals["4,5"] == {"seeds": [], "passes": 0, "pass_rate_interval": [0.0, 1.0]}
-    assert totals["2,3,4"]["mean_rl_gain_2hop"]["value"] == pytest.approx(0.36)
-    table = seeds.markdown(document)
-    assert "| seed | `2` | `2,3,4` | `4,5` |" in table
-    assert "| 0 | 2: +0.16 [+0.04, +0.30]; +0.00 [+0.00, +0.00] fails | 4: +0.36 [+0.22, +0.50]; " in table
-    assert "+0.00 [-0.04, +0.04] **meets** | not read |" in table
-    assert "- `2,3,4`: meets the goal on 2 of 2 seeds (pass rate 95% Wilson interval [0.34, 1.00]" in table
-    assert "- `4,5`: meets the goal on 0 of 0 seeds." in table
-    assert "Reading schedules" not in seeds.markdown(seeds.report([seeds.seed_row(0, summary)], []))

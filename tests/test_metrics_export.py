@@ -129,8 +129,12 @@ OUTSIDE_RAY = textwrap.dedent(
 
     import ray
     from rllib_search import metrics
-    from rllib_search.serve.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
-    from rllib_search.serve.judge_client import JudgeClient
+    from rllib_search.serve.retrieval.client import (
+        RetrieverClient,
+        RetrieverRequestError,
+        RetrieverUnavailable,
+    )
+    from rllib_search.serve.judge.client import JudgeClient
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -198,7 +202,7 @@ def test_clients_work_outside_ray_and_record_nothing():
 def test_the_callback_runs_beside_the_users_callbacks(ray_cluster, model_dir, world, corpus):  # noqa: F811
     from ray.rllib.callbacks.callbacks import RLlibCallback
 
-    from rllib_search.algos.configs import SearchGRPOConfig
+    from rllib_search.algos import SearchGRPOConfig
     from rllib_search.algos.dashboard_metrics import run_tags
 
     seen = []
@@ -280,16 +284,16 @@ def child(out: str, workdir: str, metrics_port: int, deadline_s: float = 150.0) 
     from ray import serve
 
     from rllib_search import ENV_ID
-    from rllib_search.algos.configs import SearchGRPOConfig
+    from rllib_search.algos import SearchGRPOConfig
     from rllib_search.data.formats import write_corpus_jsonl
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
     from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-    from rllib_search.serve.client import RetrieverClient
-    from rllib_search.serve.index_build import build_index
-    from rllib_search.serve.judge_client import JudgeClient, JudgeUnavailable
-    from rllib_search.serve.ports import free_port
-    from rllib_search.serve.ray_cluster import patient_serve_proxies
-    from rllib_search.serve.retriever import APP_NAME, build_retriever_app
+    from rllib_search.serve.cluster import patient_serve_proxies
+    from rllib_search.serve.http.ports import free_port
+    from rllib_search.serve.judge.client import JudgeClient, JudgeUnavailable
+    from rllib_search.serve.retrieval.build import build_index
+    from rllib_search.serve.retrieval.client import RetrieverClient
+    from rllib_search.serve.retrieval.deployment import APP_NAME, build_retriever_app
 
     started = time.perf_counter()
     torch.set_num_threads(1)
@@ -373,7 +377,7 @@ def value(samples: list[dict], name: str, **labels: str) -> float:
 @pytest.mark.timing
 @pytest.mark.slow
 def test_one_training_iteration_reaches_the_nodes_prometheus_endpoint(tmp_path):
-    from rllib_search.serve.ports import free_port
+    from rllib_search.serve.http.ports import free_port
 
     out = tmp_path / "scraped.json"
     code = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from rllib_search.algos import SearchGRPOConfig
 from rllib_search.algos.algorithm import IN_FLIGHT
-from rllib_search.algos.configs import SearchGRPOConfig
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from tests.helpers import make_config
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_search.algos.plan_forks import (
+from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
+from rllib_search.env.teacher import TeacherPolicy, hops_of
+from rllib_search.llm.models import load_causal_lm
+from rllib_search.llm.tiny import build_tiny_causal_lm
+from rllib_search.recipes.tiny_cpu.plan_forks import (
     FORKS,
     ForkWindow,
     batch_fork_probabilities,
     fork_contexts,
     fork_probabilities,
-    likeliest_to_go_on,
     mean_forks,
 )
-from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-from rllib_search.env.teacher import TeacherPolicy, hops_of
-from rllib_search.llm.models import load_causal_lm
-from rllib_search.llm.tiny import build_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")
@@ -81,30 +80,6 @@ def test_one_forward_pass_reads_both_forks_as_two_would(tmp_path, smollm2_tokeni
         singles = [fork_probabilities(model, smollm2_tokenizer, c) for c in rows]
         for fork in FORKS:
             assert means[hops][fork] == pytest.approx(sum(s[fork] for s in singles) / len(singles), abs=1e-5)
-
-
-def test_the_likeliest_to_go_on_are_the_records_with_the_highest_first_fork(
-    tmp_path, smollm2_tokenizer, world
-):
-    """``likeliest_to_go_on`` keeps the ``count`` records of highest P(",") read alone, likeliest first."""
-    smollm2_tokenizer.save_pretrained(tmp_path / "tok")
-    model, _ = load_causal_lm(str(build_tiny_causal_lm(tmp_path / "lm", tmp_path / "tok", seed=2)))
-    model.train()
-    env = MultiTurnSearchEnv(smollm2_tokenizer, None, None, SearchEnvConfig(protocol="search_r1_compact"))
-    records = [r for r in world.test if len(hops_of(r)) == 1][:8]
-    kept, goes_on = likeliest_to_go_on(model, smollm2_tokenizer, records, env, 3)
-    assert model.training  # left as it was
-    model.eval()
-    alone = {
-        r.uid: fork_probabilities(model, smollm2_tokenizer, c)["goes_on"]
-        for r, c in zip(records, fork_contexts(records, env, smollm2_tokenizer), strict=True)
-    }
-    assert len(set(alone.values())) == len(records)  # distinct, so the order is the probabilities'
-    assert [r.uid for r in kept] == sorted(alone, key=alone.get, reverse=True)[:3]
-    assert goes_on == pytest.approx([alone[r.uid] for r in kept], abs=1e-4)
-    assert likeliest_to_go_on(model, smollm2_tokenizer, records, env, 20)[0] == sorted(
-        records, key=lambda r: -alone[r.uid]
-    )
 
 
 def test_the_window_holds_the_kinds_apart_and_the_second_fork_open():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import socket
 
-from rllib_search.serve.ports import (
+from rllib_search.serve.http.ports import (
     DEFAULT_EPHEMERAL_RANGE,
     HIGHEST_PORT,
     LOWEST_PORT,

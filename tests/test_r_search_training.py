@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from rllib_search import ENV_ID
+from rllib_search.algos import SearchGRPOConfig
 from rllib_search.algos.config import SearchConfig
-from rllib_search.algos.configs import SearchGRPOConfig
-from rllib_search.algos.env_runner import LLMEnvRunner
+from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 from rllib_search.env.protocols import R_SEARCH
 from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.family import SameFamilyJudgeError
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
-from rllib_search.serve.judge import build_judge_app
-from rllib_search.serve.judge_client import JudgeClient
-from rllib_search.serve.ports import free_port
+from rllib_search.serve.http.ports import free_port
+from rllib_search.serve.judge.client import JudgeClient
+from rllib_search.serve.judge.deployment import build_judge_app
 from tests.helpers import RECORDS
 
 pytestmark = pytest.mark.slow

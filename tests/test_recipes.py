@@ -110,7 +110,7 @@ def test_cpu_turn_budget_holds_every_turn_the_teacher_writes(name, smollm2_token
     """At CPU scale a recipe's policy is warm-started on the teacher's trajectories in the recipe's protocol;
     a turn budget below the teacher's longest turn makes RL's sampler cut what the warm start taught (48
     tokens cut R1-Searcher's query turns and R-Search's answer turns, which quote their evidence)."""
-    from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
+    from rllib_search.algos.rollouts.demonstrations import teacher_rollouts, turns_over_budget
     from rllib_search.env.search_env import SearchEnvConfig
 
     config = RECIPES[name](dataset=None, scale="cpu")
@@ -126,7 +126,7 @@ def embedded_world_data():
     """The embedded default's world (seed 0): an in-process BM25 over its passages, and the questions the
     recipes' warm start demonstrates (120 1-hop and 40 2-hop training ones) with 50 + 50 held-out ones."""
     from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-    from rllib_search.serve.bm25 import BM25Retriever
+    from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
     world = generate_world(SyntheticWorldConfig(seed=0))
 

@@ -10,7 +10,7 @@ def test_rllib_finds_the_env_in_every_ray_session_of_a_process():
     script = (
         "import rllib_search, ray, gymnasium\n"
         "from ray.rllib.algorithms.algorithm import Algorithm\n"
-        "from rllib_search.algos.configs import SearchGRPOConfig\n"
+        "from rllib_search.algos import SearchGRPOConfig\n"
         "assert rllib_search.ENV_ID in gymnasium.registry\n"
         "for _ in range(2):\n"
         "    ray.init(address='local', num_cpus=1, include_dashboard=False)\n"

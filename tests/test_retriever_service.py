@@ -13,10 +13,10 @@ import pytest
 import requests
 
 from rllib_search.env.search_env import MultiTurnSearchEnv
-from rllib_search.serve.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
-from rllib_search.serve.indexes import load_index
-from rllib_search.serve.ports import free_port
-from rllib_search.serve.retriever import APP_NAME, DEPLOYMENT_NAME, build_retriever_app
+from rllib_search.serve.http.ports import free_port
+from rllib_search.serve.retrieval.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
+from rllib_search.serve.retrieval.deployment import APP_NAME, DEPLOYMENT_NAME, build_retriever_app
+from rllib_search.serve.retrieval.load import load_index
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +191,7 @@ def test_serve_config_yaml_builds_the_app(index_dir):
     config_path = Path(__file__).parents[1] / "tuned_examples" / "serve_retriever.yaml"
     config = ServeDeploySchema.parse_obj(yaml.safe_load(config_path.read_text()))
     app_config = config.applications[0]
-    assert app_config.import_path == "rllib_search.serve.retriever:build_retriever_app"
+    assert app_config.import_path == "rllib_search.serve.retrieval.deployment:build_retriever_app"
     args = {**app_config.args, "index_dir": str(index_dir), "encoder": "all-minilm-l6-v2"}
     app = build_retriever_app(args)
     deployment = app._bound_deployment

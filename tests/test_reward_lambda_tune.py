@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rllib_search import ENV_ID
-from rllib_search.algos.configs import SearchGRPOConfig
+from rllib_search.algos import SearchGRPOConfig
 from rllib_search.data.formats import write_corpus_jsonl
 from rllib_search.env.protocols import get_protocol
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
@@ -32,7 +32,7 @@ def test_each_trials_lambda_format_reaches_its_rewards(ray_cluster, formatted_mo
     mean em, mean format and λ_f (the reward components every runner logs)."""
     from ray import tune
 
-    from rllib_search.algos.configs import SearchGRPO
+    from rllib_search.algos import SearchGRPO
 
     corpus = tmp_path / "corpus.jsonl"
     write_corpus_jsonl(world.passages, corpus)

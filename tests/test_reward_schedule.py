@@ -7,8 +7,8 @@ import pytest
 from ray.rllib.algorithms.algorithm import Algorithm
 
 from rllib_search import ENV_ID
-from rllib_search.algos.configs import SearchReinforcePPConfig
-from rllib_search.algos.reward_schedule import RewardSchedule, RewardStage
+from rllib_search.algos import SearchReinforcePPConfig
+from rllib_search.algos.rollouts.reward_schedule import RewardSchedule, RewardStage
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 STAGE1_COMPONENTS = {"retrieval", "format", "f1"}

@@ -7,7 +7,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from rllib_search.algos.rl_module import LLMRLModule
+from rllib_search.algos.model.rl_module import LLMRLModule
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 

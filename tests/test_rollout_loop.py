@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
-from rllib_search.algos.policies import ScriptedPolicy
-from rllib_search.algos.rollout_loop import roll_out
-from rllib_search.algos.scripted_rollout import run_scripted_rollouts
-from rllib_search.algos.shuffled_sampler import ShuffledSampler
+from rllib_search.algos.rollouts.demonstrations import teacher_rollouts, turns_over_budget
+from rllib_search.algos.rollouts.loop import roll_out
+from rllib_search.algos.rollouts.policies import ScriptedPolicy
+from rllib_search.algos.rollouts.sampler import ShuffledSampler
+from rllib_search.algos.rollouts.scripted import run_scripted_rollouts
 from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
-from rllib_search.env.teacher import TeacherPolicy, hops_of, later_relations
+from rllib_search.env.teacher import TeacherPolicy, hops_of
 
 
 # --- ShuffledSampler ----------------------------------------------------------------------------------------
@@ -112,26 +112,14 @@ def test_a_hesitant_teacher_answers_some_multi_hop_questions_after_the_first_hop
     other_seed = teacher_rollouts(smollm2_tokenizer, world_retriever, multi, config, early_answer=0.5, seed=4)
     assert [d.stats["searches"] for d in other_seed] != [d.stats["searches"] for d in demos[: len(multi)]]
     assert sum(d.stats["searches"] == 1 for d in other_seed) == len(early)
-    draws = {}  # without hesitate_on each question is drawn alone; with it, exactly round(p x n) hesitate
+    draws = {}  # each question drawn alone, or with fix_early_answers exactly round(p x n) answer early
     for seed in range(8):
         teacher = TeacherPolicy(None, early_answer=0.3, seed=seed)
         independent = sum(teacher.answers_early(r) for r in multi)
-        teacher.hesitate_on(multi + single)
+        teacher.fix_early_answers(multi + single)
         draws[seed] = (independent, sum(teacher.answers_early(r) for r in multi))
     assert {fixed for _, fixed in draws.values()} == {round(0.3 * len(multi))}
     assert len({independent for independent, _ in draws.values()}) > 1
-    kinds: dict[tuple[str, ...], list] = {}  # ... spread over the kinds of question (what later hops ask)
-    for record in multi:
-        kinds.setdefault(later_relations(record), []).append(record)
-    assert len(kinds) >= 3 and all(kind and "" not in kind for kind in kinds)
-    count = round(0.3 * len(multi))
-    for seed in range(8):
-        teacher = TeacherPolicy(None, early_answer=0.3, seed=seed)
-        teacher.hesitate_on(multi, by_kind=True)
-        assert sum(teacher.answers_early(r) for r in multi) == count
-        for members in kinds.values():
-            early_in_kind = sum(teacher.answers_early(r) for r in members)
-            assert abs(early_in_kind - len(members) * count / len(multi)) < 1
     with pytest.raises(ValueError, match="early_answer"):
         TeacherPolicy(MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol, early_answer=1.5)
 
@@ -258,62 +246,6 @@ def test_a_lazy_echo_parts_one_hop_plans_at_the_stop_and_multi_hop_plans_at_its(
             assert f"The results say {hops[0]['answer']}, then its {relation}. Next I need" in turns[1]
             assert chosen == [",", " its", " its", " answer"] and demo.answer == record.golden_answers[0]
     assert kinds == {"one hop", "early", "two searches"}
-
-
-def test_a_plan_weight_falls_on_the_plans_first_fork_only(smollm2_tokenizer, world, world_retriever):
-    """plan_weight weighs the first turn's first decision token (the lazy echo's "." or ",": whether the plan
-    goes on) and leaves the other decision tokens at decision_weight and the rest of the turns at 1."""
-    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
-    settings = {"echo_plan": True, "lazy_plan": True, "decision_weight": 5.0}
-    records, demos = planned_demonstrations(
-        smollm2_tokenizer, world, world_retriever, config, plan_weight=15.0, **settings
-    )
-    _, same_demos = planned_demonstrations(smollm2_tokenizer, world, world_retriever, config, **settings)
-    for demo, same, record in zip(demos, same_demos, records):
-        _, forks = turn_texts_and_decisions(smollm2_tokenizer, demo, weight=15.0)
-        (fork,) = np.flatnonzero(demo.nll_weights == 15.0)
-        assert forks == (["."] if len(hops_of(record)) == 1 else [","])
-        assert demo.turn_spans[0][0] <= fork < demo.turn_spans[0][1]
-        assert same.nll_weights[fork] == 5.0  # a decision token without plan_weight
-        others = np.arange(len(demo.nll_weights)) != fork
-        np.testing.assert_array_equal(demo.nll_weights[others], same.nll_weights[others])
-        np.testing.assert_array_equal(demo.token_ids, same.token_ids)
-
-
-def test_a_reading_weight_falls_on_what_each_thought_after_a_search_reads(
-    smollm2_tokenizer, world, world_retriever
-):
-    """reading_weight weighs the tokens of X in "The results say X" in each turn after a search (the hop's
-    answer; on a question answered early, the first hop's), leaves the decision tokens at decision_weight and
-    the rest at 1, and changes no token."""
-    config = SearchEnvConfig(protocol="search_r1_compact", max_turns=3)
-    settings = {"echo_plan": True, "lazy_plan": True, "decision_weight": 5.0}
-    records, demos = planned_demonstrations(
-        smollm2_tokenizer, world, world_retriever, config, reading_weight=3.0, **settings
-    )
-    _, same_demos = planned_demonstrations(smollm2_tokenizer, world, world_retriever, config, **settings)
-    protocol = MultiTurnSearchEnv(smollm2_tokenizer, None, None, config).protocol
-    teacher = TeacherPolicy(protocol, state_plan=True, early_answer=0.5, lazy_plan=True, echo_plan=True)
-    teacher.hesitate_on(records)
-    kinds = set()
-    for demo, same, record in zip(demos, same_demos, records):
-        np.testing.assert_array_equal(demo.token_ids, same.token_ids)
-        hops = hops_of(record)[: demo.stats["searches"]]
-        ids = demo.token_ids.tolist()
-        read = []
-        for start, end in demo.turn_spans:
-            inside = [p for p in np.flatnonzero(demo.nll_weights == 3.0) if start <= p < end]
-            assert not inside or inside == list(range(inside[0], inside[0] + len(inside)))  # one run a turn
-            read.append(smollm2_tokenizer.decode([ids[p] for p in inside]) if inside else None)
-        assert read == [None] + [f" {hop['answer']}" for hop in hops]
-        assert [teacher.reading(record, turn) for turn in range(len(demo.turn_spans) + 1)] == (
-            [None] + [hop["answer"] for hop in hops] + [None]
-        )
-        kinds.add(len(hops_of(record)) * 10 + len(hops))
-        unread = demo.nll_weights != 3.0
-        np.testing.assert_array_equal(demo.nll_weights[unread], same.nll_weights[unread])
-        assert set(same.nll_weights[~unread]) == {1.0}  # no reading token is a decision token
-    assert kinds == {11, 21, 22}  # one hop, two hops answered early, two hops
 
 
 def test_turns_over_budget_counts_the_demonstrated_turns_a_budget_cuts(

@@ -8,7 +8,7 @@ import pytest
 
 from rllib_search import ENV_ID, MultiTurnSearchEnv, SearchEnvConfig, register_envs, step_batch
 from rllib_search.env.protocols import get_protocol
-from rllib_search.serve.bm25 import BM25Retriever
+from rllib_search.serve.retrieval.bm25 import BM25Retriever
 from tests.helpers import PASSAGES, RECORDS
 
 

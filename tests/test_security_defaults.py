@@ -10,7 +10,7 @@ import psutil
 import pytest
 import yaml
 
-from rllib_search.serve.serve_cli import add_serve_commands, exposure_warnings, http_options
+from rllib_search.serve.cli import add_serve_commands, exposure_warnings, http_options
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from benchmarks.learner_bench import search_batch
-from rllib_search.algos.batching import bucket_order, micro_batches
-from rllib_search.algos.configs import SearchGRPOConfig
-from rllib_search.algos.rl_module import LLMRLModule
-from rllib_search.algos.shared_prompt import computed_positions, group_prompts, supports
+from rllib_search.algos import SearchGRPOConfig
+from rllib_search.algos.learners.batching import bucket_order, micro_batches
+from rllib_search.algos.model.rl_module import LLMRLModule
+from rllib_search.algos.model.shared_prompt import computed_positions, group_prompts, supports
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""WiSE-FT's interpolation between two weight trees (``algos/weight_interpolation.py``)."""
+"""WiSE-FT's interpolation between two weight trees (``recipes/tiny_cpu/weight_interpolation.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_search.algos.weight_interpolation import interpolate_weights
+from rllib_search.recipes.tiny_cpu.weight_interpolation import interpolate_weights
 
 
 def weight_tree(seed: int) -> dict:

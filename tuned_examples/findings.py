@@ -1,11 +1,12 @@
 """The papers' findings in miniature, on the embedded default, with Ray Tune (resumable).
 
-Each finding (``rllib_search/recipes/findings.py``) is a set of arms, config transforms of one base recipe
-(Search-R1's GRPO, or R-Search's for the evidence reward) trained from ONE shared warm start per finding
-(the λ_f finding from a weaker one): every arm gets the same iterations, batch, learning rate and seeds.
-Every arm is a Tune experiment under ``--out``/tune whose trials are its seeds; each trial is evaluated
+Each finding (``rllib_search/recipes/findings/study.py``) is a set of arms, config transforms of one base
+recipe (Search-R1's GRPO, or R-Search's for the evidence reward) trained from ONE shared warm start per
+finding (the λ_f finding from a weaker one): every arm gets the same iterations, batch, learning rate and
+seeds. Every arm is a Tune experiment under ``--out``/tune whose trials are its seeds; each trial is evaluated
 greedily on held-out questions (``--held-out-per-hop`` per hop count) at its last iteration, question by
-question, so an arm's EM and an arm-vs-arm difference get bootstrap intervals (``algos/evaluation.py``).
+question, so an arm's EM and an arm-vs-arm difference get bootstrap intervals
+(``algos/evaluation/scores.py``).
 
     masking           Search-R1 Table 4: retrieved-token masking on vs off
     lambda_format     empirical study: λ_f 0 vs 0.2 from a weaker warm start
@@ -32,7 +33,7 @@ the rest); ``--smoke`` writes them under ``--out`` instead.
     python tuned_examples/findings.py --smoke --findings masking --seeds 0,1   # minutes, same code path
 
 To check the committed results, train some arms again and set them beside them, seed by seed (the
-committed report is left alone; ``rllib_search/recipes/findings_check.py`` says what carries across CPUs):
+committed report is left alone; ``rllib_search/recipes/findings/check.py`` says what carries across CPUs):
 
     python tuned_examples/findings.py --check --findings masking --arms "masking on" --seeds 0
 """
@@ -44,9 +45,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllib_search.recipes import findings as study
-from rllib_search.recipes import findings_check as checking
 from rllib_search.recipes import r_search_grpo, search_r1_grpo
+from rllib_search.recipes.findings import check as checking
+from rllib_search.recipes.findings import study
 from rllib_search.recipes.jobs import RecipeJob, job_arguments
 from rllib_search.recipes.sweeps import fit_or_restore, restored_results
 
@@ -296,7 +297,7 @@ def base_recipe(
 def retriever_specs(job: RecipeJob) -> dict[str, dict[str, Any]]:
     """In-process specs of the world's BM25, dense (MiniLM, Flat) and random-passage indexes, built once
     beside the world (all three arms go through the same in-process path)."""
-    from rllib_search.serve.index_build import build_index
+    from rllib_search.serve.retrieval.build import build_index
 
     root = job.world.root
     specs = {"bm25": {"type": "index", "dir": str(job.world.index)}}

@@ -81,7 +81,7 @@ def run_sweep(job: RecipeJob, recipe: Any, lambdas_f: Any, lambdas_r: Any, seeds
     """Fit (or resume) the Tune experiment of one trial per (λ_f, λ_r, seed)."""
     from ray import tune
 
-    from rllib_search.algos.algorithms import SearchGRPO
+    from rllib_search.algos import SearchGRPO
 
     recipe.env_config["reward_config"] = {
         "lambda_format": tune.grid_search(list(lambdas_f)),

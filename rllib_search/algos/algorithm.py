@@ -11,7 +11,7 @@ One training step:
    (RLlib's sharding would split groups): GRPO's (r - mean_g) / (std_g + eps); REINFORCE++'s r - mean_g;
    PPO's raw outcome reward (its GAE needs the critic, so it runs in the learner);
 3. **learner_group.update** on the padded batch: reference log-probs, values, token advantages and the
-   masked loss happen in :class:`~rllib_search.algos.learner.SearchLearner`;
+   masked loss happen in :class:`~rllib_search.algos.learners.search_learner.SearchLearner`;
 4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along; for vLLM the
    learner sends one flat buffer of merged, plainly named weights). With ``rollouts(colocate=True)`` every
    engine sleeps from the end of step 1 until the sync is done, so a learner sharing its GPU has the memory;
@@ -60,14 +60,14 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_search.algos import dashboard_metrics
-from rllib_search.algos.advantages import grpo_advantages, reinforce_pp_baseline
-from rllib_search.algos.batching import credit_after, keep_first_turns, pad_rollouts
-from rllib_search.algos.checkpoint_check import check_checkpoint
-from rllib_search.algos.checkpoints import PeriodicCheckpoints, latest_checkpoint
-from rllib_search.algos.dynamic_sampling import informative_groups
-from rllib_search.algos.reward_schedule import RewardSchedule
-from rllib_search.algos.rollout import Rollout
-from rllib_search.algos.shuffled_sampler import ShuffledSampler
+from rllib_search.algos.checkpoints.check import check_checkpoint
+from rllib_search.algos.checkpoints.periodic import PeriodicCheckpoints, latest_checkpoint
+from rllib_search.algos.learners.advantages import grpo_advantages, reinforce_pp_baseline
+from rllib_search.algos.learners.batching import keep_first_turns, pad_rollouts
+from rllib_search.algos.rollouts.dynamic_sampling import informative_groups
+from rllib_search.algos.rollouts.record import Rollout
+from rllib_search.algos.rollouts.reward_schedule import RewardSchedule
+from rllib_search.algos.rollouts.sampler import ShuffledSampler
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -136,24 +136,14 @@ def train_batch(
     config: Any,
     pad_token_id: int,
     demonstrations: list[Rollout] | None = None,
-    credit_marker: list[int] | None = None,
 ) -> MultiAgentBatch:
     """The learners' batch: padded token tensors plus ``episode_advantages`` (numpy, one row per episode).
     ``demonstrations`` (PPO-ptx, ``config.ptx``) follow the episodes as rows with no advantage and a
     ``ptx`` column of 1 (0 for the episodes), which the learner trains with the NLL instead. With
-    ``config.trained_turns`` the episodes' loss masks keep only their first turns; with
-    ``credit_marker`` (``config.credit_after``'s token ids) only the tokens after it, in the episodes of
-    ``config.credit_after_hops``' hop counts (every episode when None). With ``config.kl_coeff_by_hops``
-    a ``kl_coeffs`` column holds each row's KL coefficient."""
+    ``config.trained_turns`` the episodes' loss masks keep only their first turns."""
     demonstrations = demonstrations or []
     if config.trained_turns is not None:
         rollouts = [keep_first_turns(rollout, int(config.trained_turns)) for rollout in rollouts]
-    if credit_marker:
-        hops = config.credit_after_hops
-        rollouts = [
-            credit_after(rollout, credit_marker) if hops is None or rollout.num_hops in hops else rollout
-            for rollout in rollouts
-        ]
     rows = rollouts + demonstrations
     columns = {k: v.numpy() for k, v in pad_rollouts(rows, pad_token_id).items()}
     advantages = episode_advantages(rollouts, config) if rollouts else np.zeros(0)
@@ -162,11 +152,6 @@ def train_batch(
     )
     if demonstrations:
         columns["ptx"] = np.repeat(np.float32([0.0, 1.0]), [len(rollouts), len(demonstrations)])
-    if config.kl_coeff_by_hops:
-        columns["kl_coeffs"] = np.float32(
-            [config.kl_coeff_by_hops.get(r.num_hops, config.kl_coeff) for r in rollouts]
-            + [config.kl_coeff] * len(demonstrations)
-        )
     env_steps = sum(r.stats.get("turns", 1) for r in rollouts)
     return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=env_steps)
 
@@ -202,7 +187,6 @@ class SearchAlgorithm(Algorithm):
             self.config,
             self._pad_token_id(),
             self.next_ptx_demonstrations(),
-            credit_marker=self._credit_marker(),
         )
         # The tokens the update trains (episodes first in the batch; with trained_turns, only those credited).
         episode_loss_mask = np.asarray(batch.policy_batches[DEFAULT_MODULE_ID]["loss_mask"][: len(rollouts)])
@@ -273,7 +257,7 @@ class SearchAlgorithm(Algorithm):
         """Roll the config's held-out questions out greedily with the current weights; their EM, F1,
         cover-EM, format-valid rate, searches and turns per episode, and EM per data source."""
         if not hasattr(self, "_held_out_records"):
-            from rllib_search.algos.env_runner import LLMEnvRunner
+            from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 
             self._held_out_records = LLMEnvRunner._load_dataset(self.config.held_out_dataset)
         rollouts = self.evaluate_questions(self._held_out_records)
@@ -515,7 +499,7 @@ class SearchAlgorithm(Algorithm):
         super().restore_from_path(path, *args, **kwargs)
         self._push_to_remote_runners(weights=True)
 
-    # --- periodic checkpoints (algos/checkpoints.py) ----------------------------------------------
+    # --- periodic checkpoints (algos/checkpoints/periodic.py) ----------------------------------------------
     def train(self) -> dict[str, Any]:
         """RLlib's ``train()``; then, when ``config.checkpointing(...)`` asks for it, a checkpoint of this
         iteration (its path under ``checkpoint_path`` in the result)."""
@@ -537,15 +521,6 @@ class SearchAlgorithm(Algorithm):
         if path is not None:
             self.restore_from_path(str(path))
         return path
-
-    def _credit_marker(self) -> list[int] | None:
-        """``config.credit_after`` as token ids of the policy's tokenizer (None when unset)."""
-        if self.config.credit_after is None:
-            return None
-        tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None
-        if tokenizer is None:
-            raise RuntimeError("credit_after needs the policy's tokenizer on the local EnvRunner")
-        return list(tokenizer(self.config.credit_after, add_special_tokens=False)["input_ids"])
 
     def _pad_token_id(self) -> int:
         tokenizer = self.env_runner.tokenizer if self.env_runner is not None else None
@@ -595,7 +570,7 @@ class SearchAlgorithm(Algorithm):
 
     def export(self, path: str | Path) -> Path:
         """Write the trained policy as a Hugging Face directory (model + tokenizer, LoRA merged)."""
-        from rllib_search.algos.export import export_module
+        from rllib_search.algos.checkpoints.export import export_module
 
         target = str(Path(path).resolve())
         return Path(self.on_policy_module(lambda module: str(export_module(module, target))))

@@ -406,7 +406,7 @@ def read_corpus(path: str | Path) -> pa.Table:
     """A corpus as a table of :data:`CORPUS_SCHEMA` (``id``, ``title``, ``text``, ``contents``).
 
     It is decoded into process memory (fine for demos and tests); a retrieval index keeps its corpus
-    as a memory-mapped Arrow IPC file instead (``serve/index_build.py``), which costs page cache, not RSS.
+    as a memory-mapped Arrow IPC file instead (``serve/retrieval/build.py``), which costs page cache, not RSS.
     """
     return pa.Table.from_batches(list(corpus_batches(path)), schema=CORPUS_SCHEMA)
 

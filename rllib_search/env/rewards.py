@@ -109,18 +109,14 @@ class RewardBreakdown:
 class SearchR1RewardConfig:
     """λ_f (format) and λ_r (retrieval) of the empirical study; both 0 gives Search-R1's EM reward.
 
-    The study used λ_f = 0.2 (3B/14B) or 0.4 (7B) and λ_r = 0.1. ``search_cost`` is ours, not the papers':
-    taken from a right answer's reward for each search beyond the first, so that among plans that answer
-    right the one that searched least is preferred (0, the papers' reward: a needless second search that
-    still answers right costs nothing, docs/main_job.md stop 85).
+    The study used λ_f = 0.2 (3B/14B) or 0.4 (7B) and λ_r = 0.1.
     """
 
     lambda_format: float = 0.0
     lambda_retrieval: float = 0.0
-    search_cost: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("lambda_format", "lambda_retrieval", "search_cost"):
+        for name in ("lambda_format", "lambda_retrieval"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
 
@@ -131,27 +127,18 @@ def search_r1_reward(
     """Empirical study eq. (4) (eq. (3) when λ_r = 0, Search-R1's EM when λ_f = λ_r = 0).
 
     correct & formatted: 1; correct & not formatted: 1 - λ_f; wrong & formatted: λ_f (+ λ_r when a
-    retrieved block holds a gold answer); wrong & not formatted: 0. With a ``search_cost`` c, a correct
-    answer loses c per search beyond the first, never below the most a wrong answer earns (λ_f + λ_r); the
-    cost taken is the component ``search_cost`` (present only when c > 0).
+    retrieved block holds a gold answer); wrong & not formatted: 0.
     """
     em = exact_match(response.answer, golds)
     hit = retrieval_hit(response.retrieved_blocks, golds)
     lf, lr = config.lambda_format, config.lambda_retrieval
-    cost = 0.0
     if em:
         total = 1.0 if response.format_valid else 1.0 - lf
-        if config.search_cost:
-            extra_searches = max(0, response.num_searches - 1)
-            cost = min(config.search_cost * extra_searches, max(0.0, total - (lf + lr)))
-            total -= cost
     elif response.format_valid:
         total = lf + (lr if hit else 0.0)
     else:
         total = 0.0
     components = {"em": em, "format": float(response.format_valid), "retrieval_hit": float(hit)}
-    if config.search_cost:
-        components["search_cost"] = cost
     return RewardBreakdown(total, components)
 
 

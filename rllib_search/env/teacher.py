@@ -12,7 +12,7 @@ again more often on 2-hop than on 1-hop questions, while without the plan its ch
 was the same for both (a property of the question it never learned to read at that point).
 
 With ``early_answer`` = p it is a hesitant teacher: on a fraction p of multi-hop questions (chosen by a hash
-of the question's uid and ``seed``, so the same demonstrations every run; after ``hesitate_on(records)``
+of the question's uid and ``seed``, so the same demonstrations every run; after ``fix_early_answers(records)``
 exactly round(p x n) of those records' n multi-hop questions) it stops after the first hop and
 answers with the entity that hop found, which is wrong. A model imitating it learns how to chain searches
 (the other demonstrations show it) but searches again on a multi-hop question with a chance of about 1 - p:
@@ -42,11 +42,9 @@ teacher hesitates); and execution copies the plan as with the echo. Why: RL that
 questions then has no token to move on one-hop ones, whose plans never reach ", then" (greedy decoding
 keeps their "." while it stays the likelier token).
 
-``going_on_plan`` is the first turn of a plan that goes on to a second hop on any question (off-policy
-counter-guidance writes it on one-hop questions: ``algos/guidance.py``). ``alternatives`` gives, for each
-turn, the other turns this teacher writes at that point for questions that need a different number of
-further hops; the first token where a demonstration's turn departs from one of them is a decision token
-(``algos/demonstrations.py`` weights its NLL).
+``alternatives`` gives, for each turn, the other turns this teacher writes at that point for questions that
+need a different number of further hops; the first token where a demonstration's turn departs from one of
+them is a decision token (``algos/rollouts/demonstrations.py`` weights its NLL).
 """
 
 from __future__ import annotations
@@ -85,30 +83,15 @@ class TeacherPolicy:
         self.echo_plan = echo_plan
         self._fixed_early: dict[str, bool] = {}
 
-    def hesitate_on(self, records: Sequence[QARecord], by_kind: bool = False) -> None:
+    def fix_early_answers(self, records: Sequence[QARecord]) -> None:
         """Answer early on exactly round(``early_answer`` x n) of the n multi-hop questions in ``records``
         rather than on each with that chance: those with the lowest hash of uid and seed. Why: the warm
-        start's chance of a second hop is steep in the realised rate, and independent draws gave 15 to 24
-        of the main job's 60 two-hop demonstrations at p = 0.3 over seeds 0-3. Other questions keep the
-        independent draw.
-
-        ``by_kind``: spread them over the kinds of question. The questions are ordered by what their later
-        hops ask (``later_relations``: "country", "alma mater", ...), then by the hash, and every (1/p)-th
-        from a seeded offset answers early, so each kind hesitates on round(p x its count) give or take
-        one. Why: chosen by hash alone the hesitation falls on kinds by chance (seed 2 of the main job: 3 of
-        3 "hometown" questions, 0 of 14 "alma mater" ones), which a model can learn as a rule per kind
-        rather than a rate."""
+        start's chance of a second hop is steep in the realised rate, which independent draws scatter.
+        Other questions keep the independent draw."""
         multi = [record for record in records if len(hops_of(record)) >= 2]
         count = round(self.early_answer * len(multi))
-        if not by_kind:
-            ranked = sorted(multi, key=self._draw)
-            self._fixed_early = {record.uid: rank < count for rank, record in enumerate(ranked)}
-            return
-        ordered = sorted(multi, key=lambda record: (later_relations(record), self._draw(record)))
-        step = len(multi) / count if count else 0.0
-        offset = self._draw_text("hesitation offset")
-        early = {int((offset + k) * step) for k in range(count)}  # count distinct indices below len(multi)
-        self._fixed_early = {record.uid: rank in early for rank, record in enumerate(ordered)}
+        ranked = sorted(multi, key=self._draw)
+        self._fixed_early = {record.uid: rank < count for rank, record in enumerate(ranked)}
 
     def answers_early(self, record: QARecord) -> bool:
         """Whether this teacher stops after the first hop of ``record`` (multi-hop questions only)."""
@@ -151,14 +134,6 @@ class TeacherPolicy:
             answer, thought=f"The results say {last_found}{echo}.", evidence=evidence
         )
 
-    def reading(self, record: QARecord, turn: int) -> str | None:
-        """What the thought of turn ``turn`` (0-based) reads from the observations ("The results say X": the
-        previous hop's answer X), or None where the turn reads nothing (the plan, or past the episode)."""
-        hops = hops_of(record)[:1] if self.answers_early(record) else hops_of(record)
-        if turn < 1 or turn > len(hops):
-            return None
-        return hops[turn - 1]["answer"]
-
     def alternatives(self, record: QARecord, turn: int) -> list[str]:
         """The other texts this teacher writes at turn ``turn`` for a question that needs a different number
         of hops. With ``state_plan`` the decision is the plan's (turn 0: the plans of one hop, of more hops
@@ -183,19 +158,6 @@ class TeacherPolicy:
         if turn < len(hops):  # it searches again; the alternative answers with what it found
             return [self.protocol.render_answer(found, thought=f"The results say {found}.")]
         return [self._search_next(found, f"{found} next")]  # it answers; the alternative searches again
-
-    def going_on_plan(self, record: QARecord) -> str:
-        """The first turn of a plan that goes on past the first hop whatever the question needs: the plan
-        of every hop of a multi-hop question (never hesitating), and for a one-hop question a plan with a
-        placeholder second hop (", then its next relation", as in :meth:`alternatives`). What a policy
-        that spreads the second search to one-hop questions writes. Needs ``state_plan``."""
-        if not self.state_plan:
-            raise ValueError("going_on_plan is a stated plan: the teacher needs state_plan=True")
-        hops = hops_of(record)
-        if not hops:
-            raise ValueError(f"question {record.uid!r} carries no hop chain to plan")
-        more = self._rest_of_plan(hops) or ", then its next relation"
-        return self._plan(hops[0]["query"], more + (", then answer" if self.echo_plan else ""))
 
     def _echo_alternatives(self, record: QARecord, turn: int, hops: Sequence[dict[str, str]]) -> list[str]:
         """With ``echo_plan``: at the plan, the plan of one hop or of more (" answer" vs " its"); after each
@@ -253,18 +215,6 @@ class TeacherPolicy:
             if found is not None and found not in quoted:
                 quoted.append(found.strip())
         return " ".join(quoted) if quoted else "No relevant information was found."
-
-
-def later_relations(record: QARecord) -> tuple[str, ...]:
-    """What each hop after the first asks of the entity the hop before found: "Halbryn country" after
-    "Halbryn" asks "country" (the whole query where it does not start with that entity)."""
-    hops = hops_of(record)
-    return tuple(
-        hop["query"][len(before["answer"]) :].strip()
-        if hop["query"].startswith(before["answer"])
-        else hop["query"]
-        for before, hop in pairwise(hops)
-    )
 
 
 def hops_of(record: QARecord) -> list[dict[str, str]]:

@@ -68,13 +68,13 @@ def one_gguf_parse() -> Iterator[None]:
 
     Converting a bundled model parses its GGUF file three times (config, weights, tokenizer: transformers'
     ``load_gguf_checkpoint`` builds a new ``gguf.GGUFReader`` each time), and the reader slices a
-    ``np.memmap`` once per metadata item: Gemma's 262,144-token vocabulary made each parse about 25 s on an
-    AVX2 EPYC, three quarters of its conversion. Mapping the weights' names builds gguf's
-    ``TensorNameMap`` anew for every submodule (397 times for SmolLM2, 11 s). gguf has no option for
-    either, so for the block only the package's ``GGUFReader`` is a reader that slices a plain ndarray view
-    of the same mapping, built once per file, and ``get_tensor_name_map`` is memoised (transformers only
-    reads the map). The readers' fields and tensors are the library's, array for array
-    (tests/test_llm_models.py), and a conversion writes the same bytes (benchmarks/conversion_bench.py).
+    ``np.memmap`` once per metadata item: with Gemma's 262,144-token vocabulary the three parses are most of
+    its conversion. Mapping the weights' names builds gguf's ``TensorNameMap`` anew for every submodule
+    (397 times for SmolLM2). gguf has no option for either, so for the block only the package's
+    ``GGUFReader`` is a reader that slices a plain ndarray view of the same mapping, built once per file,
+    and ``get_tensor_name_map`` is memoised (transformers only reads the map). The readers' fields and
+    tensors are the library's, array for array (tests/test_llm_models.py), and a conversion writes the
+    same bytes (benchmarks/conversion_bench.py, which also times both ways).
     Blocks nest (the inner one uses the outer's); another thread's block waits for this one to end.
     """
     import functools
@@ -155,9 +155,9 @@ def default_device() -> str:
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX). Elsewhere PyTorch emulates
-    bf16 and it runs slower than fp32 (an AVX2 EPYC, 2 threads: a linear layer 5x, a greedy evaluation
-    1.8-2.6x, a GRPO update over 10x; docs/main_job.md, stops 51-52). torch exposes the check only
-    privately, so a missing helper means no."""
+    bf16 and it runs slower than fp32, several times slower for a training update
+    (``benchmarks/bf16_cpu_bench.py`` measures it). torch exposes the check only privately, so a missing
+    helper means no."""
     import torch
 
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
@@ -165,10 +165,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_description() -> dict[str, Any]:
-    """The CPU a run's times depend on (a CPU run takes about 3x longer on an AVX2 EPYC than on an Intel
-    CPU with AVX-512, docs/main_job.md stop 51): its model name, family and model numbers (a hypervisor
-    may name every EPYC "AMD EPYC"; family 23 is Zen 1-2, 25 Zen 3-4, 26 Zen 5), the cores this process
-    may use, torch's threads, the vector instructions torch's kernels use and whether bf16 is native."""
+    """The CPU a run's times depend on (the same CPU run can take several times longer on one CPU model
+    than on another): its model name, family and model numbers (a hypervisor may name every EPYC "AMD
+    EPYC"; family 23 is Zen 1-2, 25 Zen 3-4, 26 Zen 5), the cores this process may use, torch's threads,
+    the vector instructions torch's kernels use and whether bf16 is native."""
     import torch
 
     fields = {"model name": platform.processor() or platform.machine()}
@@ -196,7 +196,7 @@ def cpu_description() -> dict[str, Any]:
 
 def describe_cpu(description: dict[str, Any]) -> str:
     """One line of :func:`cpu_description`, e.g. ``AMD EPYC (family 25 model 1), 2 cores (2 torch
-    threads), AVX2, bf16 emulated``; descriptions recorded before the family was give none."""
+    threads), AVX2, bf16 emulated``; an older description without the family gives none."""
     bf16 = "bf16 native" if description["native_bf16"] else "bf16 emulated"
     family = ""
     if description.get("cpu_family") is not None:
@@ -224,7 +224,7 @@ def cpu_times() -> dict[str, float] | None:
 def steal_share(start: dict[str, float] | None, end: dict[str, float] | None) -> float | None:
     """The share of the CPUs' time between two :func:`cpu_times` readings that the hypervisor took
     (0.0 on a machine of one's own): a shared host slows a run's every stage without any product probe
-    seeing it (docs/main_job.md stop 74: the same run in 1263 s and 2102 s on one kind of CPU)."""
+    seeing it."""
     if not start or not end or end["total"] <= start["total"]:
         return None
     return (end["steal"] - start["steal"]) / (end["total"] - start["total"])
@@ -235,10 +235,10 @@ def matmul_gflops(
 ) -> float:
     """This machine's speed now: GFLOP/s of one ``(rows, inner) x (inner, out)`` product in ``dtype`` with
     torch's threads (the best of ``repeats`` after a warm-up; about 0.2 s in fp32 on 2 cores). The default
-    shape is SmolLM2-135M's up-projection over 1024 positions, which runs at MKL's ceiling: on 2 cores a
-    Zen 2 EPYC at 2.0 GHz gives 60-69 in fp32, and a CPU run's stages scale with it (prefill and
-    training are that product; decoding a few rows is slower per FLOP). Shared machines vary by 2x from
-    day to day (docs/main_job.md, stops 67 and 71), so a run's seconds are read against this figure."""
+    shape is SmolLM2-135M's up-projection over 1024 positions, which runs at MKL's ceiling, and a CPU run's
+    stages scale with it (prefill and training are that product; decoding a few rows is slower per FLOP).
+    A shared machine's speed can vary by 2x from day to day, so a run's seconds are read against this
+    figure."""
     import time
 
     import torch
@@ -258,10 +258,11 @@ def matmul_gflops(
 
 
 # bf16 is chosen on a CPU only where its products run at least this fraction of fp32's. A run's end-to-end
-# ratio sits above the product's (decoding reads half the bytes in bf16), so 0.75 keeps bf16 where it was
-# measured to pay (AMX Xeons about 10x, the AVX-512 EPYCs, stop 50's Intel 2-4x) and leaves it where it
-# does not: an Intel Xeon whose hypervisor hides AMX ran bf16 products at 0.49x fp32's (169 vs 345
-# GFLOP/s), a greedy evaluation at 0.85x and a GRPO update at 0.67x (docs/main_job.md, stop 83).
+# ratio sits above the product's (decoding reads half the bytes in bf16), so 0.75 keeps bf16 where it pays
+# (CPUs whose AMX or AVX512-BF16 units run bf16 products several times faster than fp32's) and leaves it
+# where it does not: on a CPU with AVX512-BF16 whose hypervisor hides AMX, bf16 products can run at half
+# fp32's speed, and a greedy evaluation and a GRPO update slower than in fp32 (``benchmarks/
+# bf16_cpu_bench.py`` measures both).
 BF16_MIN_PRODUCT_RATIO = 0.75
 
 
@@ -308,10 +309,10 @@ def decide_cpu_precision(
 @functools.lru_cache(maxsize=1)
 def cpu_precision(rounds: int = 5) -> CpuPrecision:
     """The precision CPU work defaults to here, measured once per process: fp32 without bf16 units (where
-    PyTorch emulates bf16, 2-10x slower); with them, by :func:`decide_cpu_precision`'s rule on
+    PyTorch emulates bf16, several times slower); with them, by :func:`decide_cpu_precision`'s rule on
     :func:`matmul_gflops` of SmolLM2's up-projection in each dtype (about 0.5 s in all). The two are timed
-    in alternating rounds and each keeps its best: with another process on the cores a single reading of
-    that Xeon gave 0.90x, its rounds' best 0.49x again, as alone (stop 83)."""
+    in alternating rounds and each keeps its best: with another process on the cores a single reading can
+    put the ratio far from what the CPU gives alone, and the best of each is steadier."""
     if not cpu_has_native_bf16():
         return decide_cpu_precision(False)
     fp32 = bf16 = 0.0

@@ -3,7 +3,8 @@
 - the synthetic multi-hop world (``data/synthetic.py``: a corpus and train/test questions whose answers
   cannot be known without retrieval), written once under ``cache_dir()/worlds``;
 - a BM25 index of its passages, built once beside it;
-- the retriever (``serve/retriever.py``) and, for R-Search, the evidence judge (``serve/judge.py``, the
+- the retriever (``serve/retrieval/deployment.py``) and, for R-Search, the evidence judge
+(``serve/judge/deployment.py``, the
   bundled Gemma-3-270M) as Ray Serve applications on 127.0.0.1, started only if they are not running;
 - a warm start: masked SFT on teacher trajectories (zero-shot SmolLM2 never follows a search protocol,
   so RL from it alone gets no signal), exported as a Hugging Face directory that RL starts from.
@@ -19,7 +20,7 @@ from typing import Any
 
 from rllib_search.data.records import QARecord
 from rllib_search.recipes.scales import CPU_JUDGE
-from rllib_search.serve.ports import free_port
+from rllib_search.serve.http.ports import free_port
 
 RETRIEVER_APP = "retriever"
 JUDGE_APP = "judge"
@@ -47,7 +48,7 @@ def embedded_world(seed: int = 0) -> EmbeddedWorld:
     """The synthetic world of ``seed`` and its BM25 index, generated on first use and cached."""
     from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
     from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.index_build import ensure_index
+    from rllib_search.serve.retrieval.build import ensure_index
 
     root = cache_dir() / "worlds" / f"demo_seed{seed}"
     paths = ensure_world(root, SyntheticWorldConfig(seed=seed))
@@ -80,7 +81,7 @@ def serve_retriever(index_dir: str | Path, *, num_cpus: float = 0.0) -> tuple[di
     returns the env_config spec that reaches it in-cluster and whether this call started it."""
     from ray import serve
 
-    from rllib_search.serve.retriever import build_retriever_app
+    from rllib_search.serve.retrieval.deployment import build_retriever_app
 
     started = RETRIEVER_APP not in running_apps()
     if started:
@@ -98,7 +99,7 @@ def serve_judge(model: str = CPU_JUDGE, *, num_cpus: float = 0.0) -> tuple[dict[
     it."""
     from ray import serve
 
-    from rllib_search.serve.judge import ROUTE_PREFIX, build_judge_app
+    from rllib_search.serve.judge.deployment import ROUTE_PREFIX, build_judge_app
 
     started = JUDGE_APP not in running_apps()
     if started:
@@ -145,11 +146,11 @@ def warm_start(
     ``max_turn_tokens`` (RL's turn budget), a warning says how many demonstrated turns are longer: turns the
     policy learns here and RL's sampler will cut.
     """
-    from rllib_search.algos.configs import SearchSFTConfig
-    from rllib_search.algos.demonstrations import teacher_rollouts, turns_over_budget
+    from rllib_search.algos import SearchSFTConfig
+    from rllib_search.algos.rollouts.demonstrations import teacher_rollouts, turns_over_budget
     from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
-    from rllib_search.serve.client import build_retriever
+    from rllib_search.serve.retrieval.client import build_retriever
 
     demos = teacher_rollouts(
         load_tokenizer(model), build_retriever(retriever), records, SearchEnvConfig.from_dict(env_config)

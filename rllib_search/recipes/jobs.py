@@ -41,7 +41,7 @@ def connect(num_cpus: int | None = None, *, metrics_port: int | None = None) -> 
     Returns lines that say where to watch the run (dashboard URL, Prometheus endpoint)."""
     import ray
 
-    from rllib_search.serve.ray_cluster import cluster_address, patient_serve_proxies
+    from rllib_search.serve.cluster import cluster_address, patient_serve_proxies
 
     if ray.is_initialized():
         return []
@@ -254,7 +254,7 @@ class RecipeJob:
         """Build the Algorithm (restored from the newest periodic checkpoint under ``--resume``), train up to
         ``self.iterations`` iterations with a line each, checkpoint, and write ``summary.json`` and
         ``training.png``; returns the summary."""
-        from rllib_search.algos.checkpoints import save_atomically
+        from rllib_search.algos.checkpoints.periodic import save_atomically
 
         config = config.debugging(seed=self.args.seed).dashboard_metrics(run_name=self.name)
         if self.held_out is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rllib_search.algos.configs import SearchReinforcePPConfig
+from rllib_search.algos import SearchReinforcePPConfig
 from rllib_search.env.search_env import ENV_ID
 from rllib_search.recipes.scales import at_cpu_scale, at_paper_scale, check_scale, env_settings
 

@@ -2,13 +2,13 @@
 
 A decoding step of a small model on a CPU multiplies a few rows (one per sequence in the batch) by every
 weight matrix. ``F.linear(x, W)`` asks MKL for ``x @ W.T``, which reads the (out, in) weight across its
-rows; asking for ``(W @ x.T).T`` streams the weight in its stored order and, with SmolLM2's shapes on a Zen 3
-EPYC, is 1.1-4.3x faster at 4-32 rows (a decoding step at 16-64 rows 1.16-1.48x,
-``benchmarks/exact_products_bench.py``); the vocabulary projection also runs faster in blocks of 2048
-embedding rows at a few rows. Whether such a formulation gives *bitwise* ``F.linear``'s result depends on the
-kernel the BLAS picks for the shape: on that CPU it did at 1 and 16-512 rows, not at 4 or 8. Bitwise is
-the condition, not a detail: a float-level change of the logits changes greedy and sampled tokens, and with
-them which seeds of the main job meet its goal (docs/main_job.md stop 65).
+rows; asking for ``(W @ x.T).T`` streams the weight in its stored order and, with SmolLM2's shapes, is
+often faster at a few rows (``benchmarks/exact_products_bench.py`` times a decoding step with and
+without it); the vocabulary projection also runs faster in blocks of 2048 embedding rows at a few rows.
+Whether such a formulation gives *bitwise* ``F.linear``'s result depends on the kernel the BLAS picks for
+the shape, which varies with the row count and the CPU: bitwise at some row counts, not at others. Bitwise
+is the condition, not a detail: a float-level change of the logits changes greedy and sampled tokens, and
+with them which seeds of the main job meet its goal.
 
 So no formulation is assumed exact. :class:`ExactProducts` serves the bias-free ``nn.Linear`` layers of a
 model while :meth:`ExactProducts.serving` is active, for fp32 CPU inputs of at most ``max_rows`` rows

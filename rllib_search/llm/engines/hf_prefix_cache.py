@@ -18,7 +18,7 @@ already stopped until the last row stops. This engine runs its own decode loop i
 - the decode batch then holds every row's whole prefix, left-padded; a row that reaches its limit, EOS or
   a stop string stops generating (its cache is kept) and waits in the batch until a quarter of the batch
   has stopped, when the rest is copied into a smaller batch without the columns that only pad it
-  (compacting at every stop copied the whole cache each time: 10% of a tiny model's rollout);
+  (compacting at every stop would copy the whole cache each time: 10% of a tiny model's rollout);
 - keys and values are appended in place into buffers with room for the call's tokens
   (:class:`_AppendInPlaceLayer`): transformers' ``DynamicCache`` concatenates, copying the whole cache
   at every step (13% of a tiny model's rollout, growing with the context);

@@ -1,0 +1,696 @@
+"""The papers' findings in miniature: each finding is a set of arms trained from one shared warm start and
+compared on held-out questions, question by question (``tuned_examples/findings.py`` runs them with Tune).
+
+- Search-R1 (arXiv 2503.09516) Table 4: retrieved-token masking on vs off;
+- the empirical study (arXiv 2505.15117): λ_f 0 vs 0.2 from a weaker warm start, λ_r 0 vs 0.1;
+- the study's retrievers: dense (the bundled all-MiniLM-L6-v2, Flat) vs BM25 vs random passages;
+- GRPO vs PPO (Search-R1 section 5.1) vs REINFORCE++ (R1-Searcher's algorithm);
+- R-Search: the evidence reward (the served Gemma-3-270M judge) on vs off.
+
+An arm is a transform of its finding's base recipe (``search_r1_grpo`` or ``r_search_grpo`` at CPU scale):
+every arm of a finding gets the same warm start, iterations, batch (episodes per iteration), learning rate
+and seeds. Each trial's held-out evaluation (greedy, at its last iteration) carries every question's
+answer (``held_out(answers=True)``), so an arm's EM pools its seeds' questions and a comparison is the
+paired per-question difference (``algos/evaluation/scores.py``: ``score_predictions``, ``paired_gain``), with
+a
+95% bootstrap interval over (seed, question) pairs, per hop count and pooled.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Training-reward columns whose per-iteration curve is plotted: the answer term where the reward has one.
+CURVE_COLUMNS = ("env_runners/reward/em", "env_runners/reward/answer_f1", "env_runners/episode_return_mean")
+#: Search-R1's format component is its format check (1 well-formed, 0 not), so its mean is the share of
+#: well-formed training trajectories; the other protocols' format terms are scaled rewards, not shares.
+FORMAT_CURVE_COLUMNS = ("env_runners/reward/format",)
+ALGORITHMS = ("grpo", "ppo", "reinforce_pp")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a finding: ``transform(config, context)`` of the finding's base recipe, trained
+    with ``algorithm``. A compared arm names the arm it is compared ``versus`` (the difference is this arm
+    minus that one) and the sign the paper reports for it (``expected``: +1, -1, 0 for "no difference",
+    None for no claim), in words in ``direction``."""
+
+    name: str
+    transform: Callable[[Any, dict[str, Any]], Any]
+    algorithm: str = "grpo"
+    versus: str | None = None
+    expected: int | None = None
+    direction: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A paper's finding: its arms over ``base`` (``search_r1`` or ``r_search``), from the ``standard`` or a
+    ``weak`` warm start; ``reason`` is what we believe explains a non-reproduction at this scale."""
+
+    key: str
+    title: str
+    source: str
+    base: str
+    arms: tuple[Arm, ...]
+    warm_start: str = "standard"
+    reason: str = ""
+    needs: tuple[str, ...] = field(default_factory=tuple)
+
+    def arm(self, name: str) -> Arm:
+        return next(arm for arm in self.arms if arm.name == name)
+
+
+def _training(**settings: Any) -> Callable[[Any, dict[str, Any]], Any]:
+    return lambda config, context: config.training(**settings)
+
+
+def _reward(**terms: Any) -> Callable[[Any, dict[str, Any]], Any]:
+    def transform(config: Any, context: dict[str, Any]) -> Any:
+        config.env_config["reward_config"] = {**config.env_config.get("reward_config", {}), **terms}
+        return config
+
+    return transform
+
+
+def _retriever(name: str) -> Callable[[Any, dict[str, Any]], Any]:
+    def transform(config: Any, context: dict[str, Any]) -> Any:
+        config.env_config["retriever"] = context["retrievers"][name]
+        return config
+
+    return transform
+
+
+def _judge(on: bool) -> Callable[[Any, dict[str, Any]], Any]:
+    def transform(config: Any, context: dict[str, Any]) -> Any:
+        config.env_config["judge"] = context["judge"] if on else None  # no judge: the evidence term is 0
+        return config
+
+    return transform
+
+
+def _same(config: Any, context: dict[str, Any]) -> Any:
+    return config
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding(
+        key="masking",
+        title="Retrieved-token masking",
+        source="Search-R1 Table 4",
+        base="search_r1",
+        arms=(
+            Arm("masking off", _training(mask_retrieved_tokens=False)),
+            Arm(
+                "masking on",
+                _training(mask_retrieved_tokens=True),
+                versus="masking off",
+                expected=1,
+                direction="masking helps (higher EM)",
+            ),
+        ),
+        reason=(
+            "in 10 updates of 8 episodes from a warm start that already answers 1-hop questions, the "
+            "training answer reward does not rise in either arm and no arm answers a 2-hop question; seed "
+            "1 collapses in both (masking off: held-out EM 0.02 with 1.9 searches an episode; on: 0.00, "
+            "its sampled format reward 0 from iteration 8, its episodes running to the turn limit on "
+            "invalid actions), and seeds 0 and 2 end a few answers apart either way (off 0.43, 0.42; on "
+            "0.35, 0.46). What does show the paper's mechanism is the drift: with masking off the loss "
+            "also fits the passages' tokens, and the KL to the warm start reached 0.44-0.64 in every seed, "
+            "against 0.04-0.48 with masking on; Search-R1's gain in EM comes from ~1000 steps of a 3B "
+            "model, where that drift costs answers"
+        ),
+    ),
+    Finding(
+        key="lambda_format",
+        title="Format reward λ_f (weaker warm start)",
+        source="Empirical study (arXiv 2505.15117) section 4",
+        base="search_r1",
+        warm_start="weak",
+        arms=(
+            Arm("λ_f = 0", _reward(lambda_format=0.0, lambda_retrieval=0.0)),
+            Arm(
+                "λ_f = 0.2",
+                _reward(lambda_format=0.2, lambda_retrieval=0.0),
+                versus="λ_f = 0",
+                expected=1,
+                direction="the format reward speeds convergence and helps, most from a weak start",
+            ),
+        ),
+        reason=(
+            "the weaker warm start (3 SFT steps) answers right in 1-8% of its training episodes (a seed's "
+            "mean over its 10 iterations), so at 8 episodes an iteration the answer term had almost nothing "
+            "for GRPO to reinforce in either arm. The format term did its own part: over iterations 8-10 "
+            "the share of well-formed training trajectories was 0.17, 0.67 and 0.42 with λ_f = 0.2 (seeds "
+            "0, 1, 2) against 0.08, 0.08 and 0.00 without it, and held-out format validity ended at 0.98 "
+            "in seeds 1 and 2 with λ_f = 0.2 (0.94 and 0.00 without); but a well-formed trajectory that "
+            "answers wrong adds no EM, and held-out EM ended 0.01, 0.11, 0.08 against 0.01, 0.16, 0.00. "
+            "Seed 0 lost its format in both arms (held-out format validity 0.01 and 0.11). The study's "
+            "speed-up is in answer reward over hundreds of steps of 512 episodes; here only its first "
+            "step, to well-formed trajectories, shows"
+        ),
+    ),
+    Finding(
+        key="lambda_retrieval",
+        title="Retrieval reward λ_r",
+        source="Empirical study (arXiv 2505.15117) section 4",
+        base="search_r1",
+        arms=(
+            Arm("λ_r = 0", _reward(lambda_format=0.2, lambda_retrieval=0.0)),
+            Arm(
+                "λ_r = 0.1",
+                _reward(lambda_format=0.2, lambda_retrieval=0.1),
+                versus="λ_r = 0",
+                expected=0,
+                direction="adds little (no clear gain)",
+            ),
+        ),
+        reason=(
+            "in the trials' training episodes the retrieval-hit rate rose and fell with the answer reward "
+            "(over the 30 iterations of an arm: hit 0.40 in both, EM 0.28 at λ_r = 0 and 0.25 at 0.1, EM "
+            "above the hit rate in no iteration), because this policy answers right almost only when the "
+            "gold passage came back, so the term paid where the EM term already did; each iteration is two "
+            "questions' GRPO groups of 4, the same questions in both arms for a seed, and the arms sampled "
+            "the same hit rate in 27 of 30 iterations. Neither arm learned a second search (2-hop EM 0)"
+        ),
+    ),
+    Finding(
+        key="retrievers",
+        title="Retriever quality",
+        source="Empirical study (arXiv 2505.15117) section 5",
+        base="search_r1",
+        needs=("retrievers",),
+        arms=(
+            Arm("random", _retriever("random")),
+            Arm(
+                "BM25",
+                _retriever("bm25"),
+                versus="random",
+                expected=1,
+                direction="a better retriever trains a better agent (BM25 > random)",
+            ),
+            Arm(
+                "dense (MiniLM, Flat)",
+                _retriever("dense"),
+                versus="BM25",
+                expected=1,
+                direction="dense > BM25 on their data",
+            ),
+        ),
+        reason=(
+            "each arm lost one seed of three to a format collapse, a different seed in each, so three "
+            "seeds cannot tie it to the retriever: BM25's seed 1 (its share of well-formed training "
+            "trajectories 0 over iterations 8-10, held-out format validity 0.01, EM 0) and dense's seed 2 "
+            "(valid-action rate 0.12-0.43 from iteration 8, held-out format validity 0, EM 0); the other "
+            "seeds end level (BM25 0.35, 0.46; "
+            "dense 0.37, 0.37). At 48 tokens it was dense's seed 1 that collapsed. The BM25 arm is the "
+            "masking finding's masking-on arm with its index read in-process instead of served, and it "
+            "ended with the same per-seed EM (0.35, 0.00, 0.46). MiniLM does retrieve a little worse here: "
+            "with the teacher's queries on the 50 held-out 1-hop questions it ranks the gold passage first "
+            "for 0.92 of them (0.96 in the top 2), BM25 for all, because the synthetic questions name their "
+            "entities verbatim, which favours exact lexical match; the papers' Wikipedia questions "
+            "paraphrase their passages"
+        ),
+    ),
+    Finding(
+        key="algorithms",
+        title="RL algorithm",
+        source="Search-R1 section 5.1; R1-Searcher",
+        base="search_r1",
+        arms=(
+            Arm("GRPO", _same, algorithm="grpo"),
+            Arm(
+                "PPO",
+                _same,
+                algorithm="ppo",
+                versus="GRPO",
+                expected=0,
+                direction="similar final EM (GRPO converges faster, PPO is more stable)",
+            ),
+            Arm(
+                "REINFORCE++",
+                _same,
+                algorithm="reinforce_pp",
+                versus="GRPO",
+                direction="no head-to-head claim (R1-Searcher's choice)",
+            ),
+        ),
+        reason=(
+            "two PPO seeds of three lost their format or their searches: seed 0's valid-action rate fell "
+            "from 1.0 to 0.17 by iteration 10 and its share of well-formed training trajectories to 0 over "
+            "iterations 8-10 (held-out EM 0.01, format validity 0.00); seed 1 kept 0.79 of its sampled "
+            "trajectories well-formed, but its greedy policy stopped searching (0.11 searches a held-out "
+            "episode, format validity 0.08, EM 0.05); seed 2 ends at 0.33. GRPO lost one seed of three "
+            "the same way (seed 1: well-formed share 0 over iterations 8-10, held-out EM 0.00; seeds 0 and "
+            "2 0.35, 0.46), so the gap is one collapse more, not a slower learner. PPO's advantages come "
+            "from a value head that starts untrained and sees 8 episodes an iteration, so they carry the "
+            "critic's noise where GRPO's come from the group's own rewards; Search-R1 found PPO the more "
+            "stable one after a critic warm-up over far more steps (at 48 tokens PPO also lost two seeds, "
+            "-0.25). REINFORCE++ (no paper claim against GRPO) is the one algorithm that lost no seed: "
+            "held-out EM 0.38 / 0.43 / 0.41, format validity 1.0 in every seed, its KL to the warm start "
+            "0.001-0.08 at iteration 10 against GRPO's 0.04-0.48 and PPO's 0.10-0.32 (its KL penalty is "
+            "in the reward and its returns are whitened over the batch); its +0.14 [+0.08, +0.19] over "
+            "GRPO is GRPO's collapsed seed: seeds 0 and 2 end 0.38 vs 0.35 and 0.41 vs 0.46"
+        ),
+    ),
+    Finding(
+        key="evidence",
+        title="R-Search evidence reward",
+        source="R-Search ablation (evidence reward)",
+        base="r_search",
+        needs=("judge",),
+        arms=(
+            Arm("evidence reward off", _judge(False)),
+            Arm(
+                "evidence reward on",
+                _judge(True),
+                versus="evidence reward off",
+                expected=1,
+                direction="the evidence reward helps",
+            ),
+        ),
+        reason=(
+            "the arms differ on 1-hop answers only (EM 0.58 on, 0.62 off), and no seed in either arm "
+            "answered a held-out 2-hop question, where R-Search reports most of the evidence's gain (its "
+            "ablation also removes the evidence from the rollout; here only the reward is switched). In 10 "
+            "iterations of 8 episodes the evidence term (0.2 x the served Gemma-3-270M judge's answer F1 "
+            "from the policy's quoted evidence) was above 0 in 19 of 30 sampled iterations, 17 of them "
+            "iterations whose own answers scored too, so it mostly rescaled the advantages of episodes "
+            "GRPO reinforced anyway: the two arms sampled the same answers for their first 9, 7 and 5 "
+            "iterations (seeds 0, 1, 2) and end 1-3 held-out answers apart a seed (off 0.29, 0.30, 0.34; "
+            "on 0.27, 0.29, 0.31). At a 64-token budget four answer turns in five were cut "
+            "mid-evidence and seed 0 fell to invalid actions in both arms; at 128 tokens none did"
+        ),
+    ),
+)
+BY_KEY = {finding.key: finding for finding in FINDINGS}
+
+
+def select(keys: Sequence[str] | None) -> list[Finding]:
+    """The findings named in ``keys`` (all when None), in the study's order."""
+    if not keys:
+        return list(FINDINGS)
+    unknown = [k for k in keys if k not in BY_KEY]
+    if unknown:
+        raise ValueError(f"unknown findings {unknown}; known: {list(BY_KEY)}")
+    return [f for f in FINDINGS if f.key in keys]
+
+
+def experiment_name(finding: Finding, arm: Arm, max_turn_tokens: int) -> str:
+    """The Tune experiment directory of one arm (its seeds are its trials) trained at a turn budget of
+    ``max_turn_tokens``: an arm measured at another budget is another experiment, never resumed or read as
+    this one's."""
+    slug = "".join(c if c.isalnum() else "_" for c in arm.name.lower().replace("λ", "lambda")).strip("_")
+    return f"{finding.key}__{slug}__{max_turn_tokens}_tokens"
+
+
+def trainable(arm: Arm) -> Any:
+    """The RLlib Algorithm class an arm trains with."""
+    from rllib_search.algos import SearchGRPO, SearchPPO, SearchReinforcePP
+
+    return {"grpo": SearchGRPO, "ppo": SearchPPO, "reinforce_pp": SearchReinforcePP}[arm.algorithm]
+
+
+def with_algorithm(config: Any, algorithm: str) -> Any:
+    """``config`` trained by ``algorithm`` with the same env, model, learning rate, KL coefficient, masking
+    and budget: the same episodes per iteration (PPO samples one response a prompt, so it takes
+    ``group_size`` times the prompts) and mini-batch; each algorithm keeps its own estimator defaults (and
+    PPO the CPU recipe's critic learning rate)."""
+    from rllib_search.algos import SearchGRPOConfig, SearchPPOConfig, SearchReinforcePPConfig
+    from rllib_search.env.search_env import ENV_ID
+    from rllib_search.recipes.search_r1 import search_r1_ppo
+
+    classes = {"grpo": SearchGRPOConfig, "ppo": SearchPPOConfig, "reinforce_pp": SearchReinforcePPConfig}
+    if type(config) is classes[algorithm]:
+        return config
+    episodes = int(config.group_size) * int(config.prompts_per_sample)
+    group = 1 if algorithm == "ppo" else int(config.group_size)
+    model_config = dict(config.model_config)
+    if algorithm == "ppo":
+        model_config["value_head"] = True
+    new = (
+        classes[algorithm]()
+        .environment(ENV_ID, env_config=copy.deepcopy(config.env_config))
+        .rl_module(model_config=model_config)
+        .rollouts(
+            group_size=group,
+            prompts_per_sample=max(1, episodes // group),
+            engine=config.engine,
+            engine_options=dict(config.engine_options),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_turn_tokens=config.max_turn_tokens,
+        )
+        .training(
+            lr=config.lr,
+            minibatch_size=config.minibatch_size,
+            micro_batch_size=config.micro_batch_size,
+            kl_coeff=config.kl_coeff,
+            mask_retrieved_tokens=config.mask_retrieved_tokens,
+        )
+    )
+    if algorithm == "ppo":
+        new.training(critic_lr=search_r1_ppo(dataset=None, scale="cpu").critic_lr)
+    return new
+
+
+def arm_config(base: Any, arm: Arm, context: dict[str, Any]) -> Any:
+    """The arm's config: its transform of a copy of ``base``, trained by its algorithm."""
+    config = base.copy(copy_frozen=False)
+    config.env_config = copy.deepcopy(base.env_config)
+    return with_algorithm(arm.transform(config, context), arm.algorithm)
+
+
+# --- results ----------------------------------------------------------------------------------------------
+def trial_record(result: Any) -> dict[str, Any]:
+    """What a study keeps of one Tune trial: its seed, iterations, held-out answers and learning curve."""
+    from rllib_search.recipes.sweeps import metric_curve
+
+    metrics = result.metrics or {}
+    answers = metrics.get("evaluation_answers")
+    curve = metric_curve(result, CURVE_COLUMNS)
+    format_curve = metric_curve(result, FORMAT_CURVE_COLUMNS)
+    return {
+        "seed": (result.config or {}).get("seed"),
+        "iterations": metrics.get("training_iteration"),
+        "held_out_em": metrics.get("evaluation", {}).get("em"),
+        "answers": json.loads(answers) if isinstance(answers, str) else None,
+        "curve": [float(x) for x in curve],
+        "format_curve": [float(x) for x in format_curve],
+    }
+
+
+def _predictions(trials: list[dict[str, Any]]) -> dict[tuple[Any, str], dict[str, Any]]:
+    return {(t["seed"], a["uid"]): a for t in trials for a in t["answers"]}
+
+
+def reproduced(expected: int | None, low: float, high: float) -> str:
+    """The verdict of a difference's interval against the paper's sign."""
+    if expected is None:
+        return "no claim"
+    if expected == 0:
+        return "yes" if low <= 0 <= high else "no"
+    if low <= 0 <= high:
+        return "inconclusive (interval covers 0)"
+    return "yes" if (low > 0) == (expected > 0) else "no"
+
+
+def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One finding's figures: per arm the pooled held-out EM (F1, cover-EM) per hop count with intervals,
+    per compared arm the paired gain and its verdict."""
+    from rllib_search.algos.evaluation.scores import paired_gain, score_predictions
+
+    arms: dict[str, Any] = {}
+    complete = {}
+    for arm in finding.arms:
+        trials = [t for t in trials_by_arm.get(arm.name, []) if t["answers"]]
+        if not trials:
+            arms[arm.name] = {"status": "not yet run"}
+            continue
+        complete[arm.name] = trials
+        rows = [a for t in trials for a in t["answers"]]
+        scores = score_predictions(
+            [a["answer"] for a in rows], [a["golden_answers"] for a in rows], [a["hops"] for a in rows]
+        )
+        curves = [t["curve"] for t in trials if t["curve"]]
+        length = min((len(c) for c in curves), default=0)
+        arms[arm.name] = {
+            "status": "run",
+            "algorithm": arm.algorithm,
+            "seeds": sorted(t["seed"] for t in trials),
+            "iterations": max(t["iterations"] or 0 for t in trials),
+            "per_seed_em": {str(t["seed"]): t["held_out_em"] for t in trials},
+            "questions_per_seed": len(trials[0]["answers"]),
+            "em": scores.pooled["em"].to_dict(),
+            "scores": scores.to_dict(),
+            "curves": {str(t["seed"]): t["curve"] for t in trials},
+            "format_curves": {str(t["seed"]): t.get("format_curve") or [] for t in trials},
+            "curve_mean": [sum(c[i] for c in curves) / len(curves) for i in range(length)],
+            "training_answer_reward_mean": (
+                sum(sum(c) / len(c) for c in curves) / len(curves) if curves else None
+            ),
+        }
+    comparisons = []
+    for arm in finding.arms:
+        if arm.versus is None:
+            continue
+        entry: dict[str, Any] = {
+            "arm": arm.name,
+            "versus": arm.versus,
+            "expected": arm.expected,
+            "direction": arm.direction,
+        }
+        if arm.name in complete and arm.versus in complete:
+            after, before = _predictions(complete[arm.name]), _predictions(complete[arm.versus])
+            keys = sorted(set(after) & set(before), key=str)
+            gain = paired_gain(
+                [before[k]["answer"] for k in keys],
+                [after[k]["answer"] for k in keys],
+                [after[k]["golden_answers"] for k in keys],
+                [after[k]["hops"] for k in keys],
+            )
+            em = gain.pooled["em"]
+            verdict = reproduced(arm.expected, em.low, em.high)
+            learned = max(arms[name]["em"]["value"] for name in (arm.name, arm.versus)) >= 0.05
+            if verdict == "yes" and arm.expected == 0 and not learned:
+                verdict = (
+                    "inconclusive (neither arm learned)"  # "no difference" between two zeros says nothing
+                )
+            entry.update(
+                status="run",
+                pairs=len(keys),
+                em_gain=em.to_dict(),
+                gain=gain.to_dict(),
+                reproduced=verdict,
+            )
+            if entry["reproduced"] not in ("yes", "no claim"):
+                entry["reason"] = explain(finding, arms, entry)
+        else:
+            entry.update(status="not yet run", reproduced="not yet run")
+        comparisons.append(entry)
+    return {
+        "title": finding.title,
+        "source": finding.source,
+        "base": finding.base,
+        "warm_start": finding.warm_start,
+        "status": "run"
+        if len(complete) == len(finding.arms)
+        else "partly run"
+        if complete
+        else "not yet run",
+        "arms": arms,
+        "comparisons": comparisons,
+    }
+
+
+def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> str:
+    """What we believe explains a comparison that did not reproduce: what the data show, then the finding's
+    likely cause at this scale."""
+    ems = [arms[name]["em"]["value"] for name in (entry["arm"], entry["versus"])]
+    gain = entry["em_gain"]
+    parts = []
+    if max(ems) < 0.05:
+        parts.append("neither arm answers held-out questions (EM below 0.05), so there is nothing to compare")
+    elif entry["reproduced"].startswith("inconclusive"):
+        parts.append(
+            f"{entry['pairs']} paired (seed, question) answers cannot resolve a difference of "
+            f"{gain['value']:+.3f} (interval [{gain['low']:+.3f}, {gain['high']:+.3f}])"
+        )
+    else:
+        parts.append(f"the difference is {gain['value']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]")
+    return "; ".join([*parts, finding.reason])
+
+
+# --- the report -------------------------------------------------------------------------------------------
+# A finding whose analysis records no turn budget was measured at these shorter CPU budgets, which cut the
+# teacher's longer turns: R-Search's answer turn quoting its evidence (up to 123 tokens, most of them over
+# 64), a few of Search-R1's second searches (up to 54).
+EARLIER_TURN_BUDGETS = {"search_r1": 48, "r_search": 64}
+
+
+def measured_turn_budget(finding: Finding, analysis: dict[str, Any]) -> int:
+    """The turn budget (tokens a turn may generate) ``finding``'s ``analysis`` was measured at."""
+    return int(analysis.get("max_turn_tokens", EARLIER_TURN_BUDGETS[finding.base]))
+
+
+def turn_budgets_text(results: dict[str, dict[str, Any]]) -> str:
+    """The report's line of turn budgets: each budget with the findings measured at it."""
+    by_budget: dict[int, list[str]] = {}
+    for finding in FINDINGS:
+        if finding.key in results:
+            by_budget.setdefault(measured_turn_budget(finding, results[finding.key]), []).append(
+                finding.title
+            )
+    return "; ".join(f"{budget} ({', '.join(titles)})" for budget, titles in by_budget.items()) or "—"
+
+
+#: A finding's results carry over between runs (and machines) only when all of these match.
+RUN_SETTINGS = (
+    "scale",
+    "model",
+    "world_seed",
+    "iterations",
+    "seeds",
+    "held_out_per_hop",
+    "hops",
+    "warm_start_steps",
+    "weak_warm_start_steps",
+)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """One line of a run's recorded machine (``tuned_examples/findings.py``'s ``machine()``)."""
+    from rllib_search.llm.models import describe_cpu
+
+    return f"{describe_cpu(machine)}, {machine.get('precision', 'fp32')}, torch {machine.get('torch', '?')}"
+
+
+def machines_text(results: dict[str, dict[str, Any]]) -> str:
+    """'<CPU line> (Retrieved-token masking); not recorded (RL algorithm)': the machine each finding ran
+    on, as its analysis records it (findings analysed before machines were recorded have none)."""
+    by_machine: dict[str, list[str]] = {}
+    for finding in FINDINGS:
+        analysis = results.get(finding.key)
+        if analysis is None or analysis.get("status") == "not yet run":
+            continue
+        machine = analysis.get("machine")
+        line = machine_line(machine) if machine else "not recorded"
+        by_machine.setdefault(line, []).append(finding.title)
+    return "; ".join(f"{line} ({', '.join(titles)})" for line, titles in by_machine.items()) or "—"
+
+
+def report(
+    run: dict[str, Any], results: dict[str, dict[str, Any]], markdown: Path, json_path: Path
+) -> dict[str, Any]:
+    """Write ``findings.json`` and the markdown report (one table, the learning curves beside it as PNGs
+    under ``<markdown's folder>/findings/``) from ``results`` (finding key -> :func:`analyse` output or
+    absent: not yet run); returns the JSON document."""
+    from rllib_search.recipes.sweeps import plot_mean_curves
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    document = {"generated": date, "run": run, "findings": {}}
+    figures = markdown.parent / "findings"
+    status = "" if run else ' No arm has run yet: every row reads "not yet run".'
+    lines = [
+        "# The papers' findings in miniature",
+        "",
+        "Generated by `tuned_examples/findings.py` from its Tune results; do not edit by hand. Run it (see "
+        f"the README's tuned examples) to fill the table.{status}",
+        "",
+        f"- generated: {date}",
+        f"- scale: {run.get('scale', '—')}; policy: `{run.get('model', '—')}`; embedded default (synthetic "
+        f"world seed {run.get('world_seed', 0)}, CPU)",
+        f"- per arm: {run.get('iterations', '—')} iterations, seeds {run.get('seeds', '—')}, warm start "
+        f"{run.get('warm_start_steps', '—')} SFT steps (weak: {run.get('weak_warm_start_steps', '—')}), "
+        f"held-out {run.get('held_out_per_hop', '—')} questions per hop count {run.get('hops', '—')}",
+        "- turn budget (tokens a turn may generate) the findings were measured at: "
+        f"{turn_budgets_text(results)}",
+        f"- machine (fp32 on the CPU; `--check` re-runs arms elsewhere): {machines_text(results)}",
+        "- EM: held-out exact match pooled over seeds, 95% bootstrap interval over (seed, question); ΔEM: "
+        "the paired per-question difference (arm minus the one it is compared with), 95% bootstrap interval. "
+        'Reproduced: yes / no / inconclusive (interval covers 0); for a paper\'s "no difference", yes when '
+        "the interval covers 0.",
+        "",
+        "| Finding | Arm | Held-out EM [95% CI] | EM per hop count | Seeds | Compared with | ΔEM [95% CI] | "
+        "Paper reports | Reproduced here |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes, curves_md = [], []
+    for finding in FINDINGS:
+        analysis = results.get(finding.key)
+        if analysis is not None:
+            document["findings"][finding.key] = analysis
+        else:
+            document["findings"][finding.key] = {
+                "title": finding.title,
+                "source": finding.source,
+                "status": "not yet run",
+            }
+        comparisons = {c["arm"]: c for c in (analysis or {}).get("comparisons", [])}
+        for arm in finding.arms:
+            figures_of_arm = (analysis or {}).get("arms", {}).get(arm.name, {"status": "not yet run"})
+            run_here = figures_of_arm["status"] == "run"
+            em = _estimate(figures_of_arm["em"]) if run_here else "not yet run"
+            seeds = ", ".join(str(s) for s in figures_of_arm["seeds"]) if run_here else "—"
+            per_hop = _per_hop(figures_of_arm["scores"]) if run_here else "—"
+            versus = gain = paper = verdict = "—"
+            if arm.versus is not None:
+                versus, paper = arm.versus, f"{finding.source}: {arm.direction}"
+                comparison = comparisons.get(arm.name, {})
+                verdict = comparison.get("reproduced", "not yet run")
+                if comparison.get("status") == "run":
+                    gain = _estimate(comparison["em_gain"], signed=True)
+                    if "reason" in comparison:
+                        notes.append(
+                            f"- **{finding.title}, {arm.name} vs {arm.versus}** ({verdict}): "
+                            f"{comparison['reason']}."
+                        )
+            lines.append(
+                f"| {finding.title} | {arm.name} | {em} | {per_hop} | {seeds} | {versus} | {gain} | "
+                f"{paper} | {verdict} |"
+            )
+        if analysis is not None and analysis["status"] != "not yet run":
+            figures.mkdir(parents=True, exist_ok=True)
+            png = figures / f"{finding.key}.png"
+            plot_mean_curves(
+                _seed_curves(analysis, "curves"),
+                png,
+                title=f"{finding.title}: training answer reward",
+                ylabel="answer reward (mean of seeds)",
+            )
+            curves_md.append(f"![{finding.title}](findings/{png.name})")
+            format_curves = _seed_curves(analysis, "format_curves")
+            if finding.base == "search_r1" and any(any(runs) for runs in format_curves.values()):
+                png = figures / f"{finding.key}_format.png"
+                plot_mean_curves(
+                    format_curves,
+                    png,
+                    title=f"{finding.title}: well-formed training trajectories",
+                    ylabel="share well-formed (mean of seeds)",
+                )
+                curves_md.append(f"![{finding.title}: well-formed](findings/{png.name})")
+    if notes:
+        lines += ["", "## Why a finding did not reproduce here", "", *notes]
+    if curves_md:
+        lines += [
+            "",
+            "## Learning curves",
+            "",
+            "Training answer reward (EM term; R-Search: answer F1) per iteration, mean over seeds; for "
+            "the Search-R1 findings also the share of training trajectories that pass its format check "
+            "(whatever λ_f pays for it).",
+            "",
+            *curves_md,
+        ]
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text("\n".join(lines) + "\n")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    return document
+
+
+def _seed_curves(analysis: dict[str, Any], field: str) -> dict[str, list[list[float]]]:
+    """Each run arm's per-seed curves of ``field`` (``curves`` or ``format_curves``; analyses carried over
+    from before a field existed have none)."""
+    return {
+        name: list(figures_of_arm.get(field, {}).values())
+        for name, figures_of_arm in analysis["arms"].items()
+        if figures_of_arm["status"] == "run"
+    }
+
+
+def _per_hop(scores: dict[str, Any]) -> str:
+    """'1-hop 0.833, 2-hop 0.000': an arm's EM per hop count (the pooled EM hides which hops it answers)."""
+    groups = scores.get("groups", {})
+    return ", ".join(f"{hops}-hop {groups[hops]['em']['value']:.3f}" for hops in sorted(groups, key=int))
+
+
+def _estimate(estimate: dict[str, float], signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    return f"{estimate['value']:{sign}.3f} [{estimate['low']:{sign}.3f}, {estimate['high']:{sign}.3f}]"

@@ -1,0 +1,1 @@
+"""R-Search's evidence judge: the Serve deployment (an OpenAI-compatible subset) and its client."""
