@@ -1,8 +1,7 @@
 """Autoscaling benchmark: the served retriever under a load ramp (up, hold, down, idle).
 
 The retriever (``serve/retrieval/deployment.py``, the embedded world's BM25 index unless ``--index``) runs as
-a Ray
-Serve app with an ``autoscaling_config`` (min 1, max ``--max-replicas`` replicas of ``--replica-cpus``
+a Ray Serve app with an ``autoscaling_config`` (min 1, max ``--max-replicas`` replicas of ``--replica-cpus``
 logical CPUs, ``--target`` ongoing requests per replica, short upscale/downscale delays) on a local Ray, and
 closed-loop HTTP clients on 127.0.0.1 (one one-query request in flight each) follow a ramp: idle, then
 more and more clients, a hold at the peak, fewer clients, then idle until the deployment is back to one
@@ -16,7 +15,8 @@ figure shows the autoscaler's decisions rather than the push period (``--push-in
 Prints a final JSON line (``max_replicas_reached``, ``final_replicas``, p99 latency per phase, seconds
 from the load's start to a second replica and the clients then, seconds from the peak's end to one replica)
 and writes ``benchmarks/results/autoscale.json`` and ``autoscale.png`` (replicas, clients, p99 and
-requests/s over time); ``--quick`` (under 3 minutes) writes ``autoscale_quick.json`` and ``.png``.
+requests/s over time); ``--quick`` (under 3 minutes) writes ``autoscale_quick.json`` and ``.png``. Both
+record the commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/autoscale_bench.py            # full ramp (about 5 minutes)
     python benchmarks/autoscale_bench.py --quick
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,6 +37,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
+
 APP = "retriever"
 
 # (phase, concurrent clients, seconds). The last idle phase lasts until the deployment is back at its
@@ -342,15 +346,13 @@ def main() -> None:
         **summary,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(
         summary,
         RESULTS / f"{name}.png",
         f"Retriever autoscaling on {os.cpu_count()} CPU cores: BM25, target {args.target:g} ongoing "
         f"requests/replica, max {args.max_replicas}; closed-loop HTTP clients on 127.0.0.1",
     )
-    headline = {k: v for k, v in results.items() if k != "series"}
-    print(json.dumps(headline))
+    write_results(name, results, headline={k: v for k, v in results.items() if k != "series"})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ in the result): without them PyTorch emulates bf16 and it runs slower. Medians o
 alternating repeats (the first of each a warm-up, not counted). Run it with a main job's warm start (the base
 model never closes a turn). Prints a final JSON line and writes ``benchmarks/results/bf16_cpu.json``
 (``_quick`` with ``--quick``: 2 repeats, 20 + 20 questions; ``--questions``, ``--repeats`` and ``--parts``
-for a slow machine).
+for a slow machine), with the commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/bf16_cpu_bench.py --model runs/tiny_cpu_grpo/warm_start_model [--quick]
 """
@@ -25,7 +25,6 @@ for a slow machine).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,11 +35,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
 
 from benchmarks.learner_bench import build_learner  # noqa: E402
 from benchmarks.main_job_parts_bench import evaluation_runner, grpo_batch, timed  # noqa: E402
+from benchmarks.results_file import write_results  # noqa: E402
 from rllib_search.env.rewards import exact_match  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
@@ -193,10 +192,7 @@ def main() -> None:
     if "grpo_update" in parts:
         print("GRPO learner update", flush=True)
         result["grpo_update"] = bench_learner(args.model, args.prompt_tokens, repeats)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "bf16_cpu_quick.json" if args.quick else "bf16_cpu.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_results("bf16_cpu_quick" if args.quick else "bf16_cpu", result)
 
 
 if __name__ == "__main__":

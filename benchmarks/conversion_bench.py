@@ -8,8 +8,8 @@ each conversion in its own Python process (so neither inherits the other's impor
 conversion alone (tokenizer and model, not the interpreter's start). Every copy's files are hashed: the
 two ways must write the same bytes.
 
-Records the CPU with the result. Prints a final JSON line and writes ``benchmarks/results/conversion.json``
-(``_quick`` with ``--quick``: SmolLM2 only, one repeat).
+Prints a final JSON line and writes ``benchmarks/results/conversion.json`` (``_quick`` with ``--quick``:
+SmolLM2 only, one repeat), with the commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/conversion_bench.py [--quick] [--repeats N]
 """
@@ -29,9 +29,11 @@ from statistics import median
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from rllib_search.llm.models import BUNDLED_MODELS, cpu_description, describe_cpu
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+from benchmarks.results_file import write_results  # noqa: E402
+from rllib_search.llm.models import BUNDLED_MODELS, cpu_description, describe_cpu  # noqa: E402
 
 # One conversion in a fresh process. "library": one_gguf_parse replaced by a block that does nothing, so
 # transformers reads the file with gguf's own reader, as before it existed.
@@ -81,8 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     aliases = ["smollm2-135m-instruct"] if args.quick else list(BUNDLED_MODELS)
     repeats = 1 if args.quick else args.repeats
-    machine = cpu_description()
-    print(f"machine: {describe_cpu(machine)}", flush=True)
+    print(f"machine: {describe_cpu(cpu_description())}", flush=True)
     models = {}
     for alias in aliases:
         seconds: dict[str, list[float]] = {"library": [], "one_gguf_parse": []}
@@ -111,11 +112,8 @@ def main() -> None:
         )
         if not same:
             raise SystemExit(f"{alias}: one_gguf_parse wrote other bytes than the library's conversion")
-    summary = {"benchmark": "conversion", "quick": args.quick, "machine": machine, "models": models}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "conversion_quick.json" if args.quick else "conversion.json"
-    (RESULTS / name).write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    summary = {"benchmark": "conversion", "quick": args.quick, "models": models}
+    write_results("conversion_quick" if args.quick else "conversion", summary)
 
 
 if __name__ == "__main__":

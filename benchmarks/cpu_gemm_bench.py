@@ -17,9 +17,9 @@ replace it without changing what the main job learns (a float-level change reshu
 goal). Also timed: the vocabulary projection in chunks of ``--vocab-chunk`` rows
 of the embedding, which gives bitwise the same logits.
 
-Backends alternate within each repeat (the first repeat a warm-up, not counted); medians. Records the CPU
-(model name, vector unit, bf16) with the result. Prints a final JSON line and writes
-``benchmarks/results/cpu_gemm.json`` (``_quick`` with ``--quick``: 3 repeats, 8 layers).
+Backends alternate within each repeat (the first repeat a warm-up, not counted); medians. Prints a final
+JSON line and writes ``benchmarks/results/cpu_gemm.json`` (``_quick`` with ``--quick``: 3 repeats, 8
+layers), with the commit and the machine (CPU model, vector unit, bf16: ``benchmarks/results_file.py``).
 
     python benchmarks/cpu_gemm_bench.py [--quick] [--rows 8,32,100]
 """
@@ -27,8 +27,8 @@ Backends alternate within each repeat (the first repeat a warm-up, not counted);
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +41,12 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from rllib_search.llm.models import cpu_description, describe_cpu, resolve_model_path
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+from benchmarks.results_file import write_results  # noqa: E402
+from rllib_search.llm.models import cpu_description, describe_cpu, resolve_model_path  # noqa: E402
+
 SETTLE_S = 0.3  # idle seconds before each timed run (see measure)
 
 
@@ -212,8 +215,8 @@ def main() -> None:
     layers = args.layers or (8 if args.quick else config.num_hidden_layers)
     repeats = args.repeats or (3 if args.quick else 5)
     step = Step(config, layers, args.vocab_chunk)
-    cpu = cpu_description()
-    print(f"{describe_cpu(cpu)}; {args.model} shapes, {layers} layers, {repeats} repeats", flush=True)
+    cpu = describe_cpu(cpu_description())
+    print(f"{cpu}; {args.model} shapes, {layers} layers, {repeats} repeats", flush=True)
     results = []
     with torch.no_grad():
         for rows in [int(r) for r in args.rows.split(",") if r.strip()]:
@@ -221,7 +224,6 @@ def main() -> None:
             print(describe(results[-1]), flush=True)
     summary = {
         "benchmark": "cpu_gemm",
-        "cpu": cpu,
         "model": args.model,
         "layers": layers,
         "repeats_counted": repeats - 1,
@@ -230,10 +232,7 @@ def main() -> None:
         "numpy": np.__version__,
         "results": results,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "cpu_gemm_quick.json" if args.quick else "cpu_gemm.json"
-    (RESULTS / name).write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    write_results("cpu_gemm_quick" if args.quick else "cpu_gemm", summary)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,8 @@ default), one with it and one without, on the same prompts (chat prompts of the 
 questions), greedy, every row generating ``--tokens`` tokens (EOS ignored, so the batch keeps its rows),
 alternating engine by engine within each repeat (the first repeat a warm-up, not counted), at each of
 ``--rows``. Per row count it reports the median seconds of a decoding step (one new token a row; prefill
-passes are left out) for each engine, their ratio, whether both engines
-generated the same tokens and log-probs, and which formulations served the products. Records the CPU with
-the result.
+passes are left out) for each engine, their ratio, whether both engines generated the same tokens and
+log-probs, and which formulations served the products.
 
 With ``--evaluation-model`` (a main job's warm start, e.g. ``runs/tiny_cpu_grpo/warm_start_model``: the
 bundled base model never closes a turn) it also times the main job's greedy evaluation, multi-turn with
@@ -17,7 +16,8 @@ retrieval, on ``--evaluation-questions`` held-out questions per hop count in one
 ``benchmarks/main_job_parts_bench.py``: the compact protocol, 3 turns, two passages, 48 tokens a turn),
 with the runner's engine's ``ExactProducts`` off and on, alternating: seconds and whether the answers and
 episodes' tokens are the same. Prints a final JSON line and writes ``benchmarks/results/
-exact_products.json`` (``_quick`` with ``--quick``: 2 repeats, rows 8 and 32, 8 tokens, 10 questions).
+exact_products.json`` (``_quick`` with ``--quick``: 2 repeats, rows 8 and 32, 8 tokens, 10 questions), with
+the commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/exact_products_bench.py [--quick] [--rows 8,16,32,64,100] [--model NAME_OR_PATH]
         [--evaluation-model runs/tiny_cpu_grpo/warm_start_model] [--evaluation-questions 50]
@@ -28,7 +28,6 @@ exact_products.json`` (``_quick`` with ``--quick``: 2 repeats, rows 8 and 32, 8 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -40,13 +39,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
-from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-from rllib_search.llm.engines import SamplingParams
-from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
-from rllib_search.llm.models import cpu_description, describe_cpu, load_causal_lm
-
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
+from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world  # noqa: E402
+from rllib_search.llm.engines import SamplingParams  # noqa: E402
+from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine  # noqa: E402
+from rllib_search.llm.models import cpu_description, describe_cpu, load_causal_lm  # noqa: E402
 
 
 class TimedEngine:
@@ -114,7 +114,6 @@ def measure(model, tokenizer, rows: int, tokens: int, repeats: int) -> dict:
 
 def measure_evaluation(model: str, questions_per_hop: int, repeats: int) -> dict:
     """The main job's greedy evaluation with the engine's ExactProducts off and on: seconds, same output."""
-    sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.main_job_parts_bench
     from benchmarks.main_job_parts_bench import evaluation_runner
 
     runner, by_hops = evaluation_runner(model)
@@ -160,6 +159,7 @@ def main() -> None:
     if args.quick:
         args.repeats, args.rows, args.tokens, args.evaluation_questions = 2, "8,32", 8, 10
     torch.set_num_threads(args.threads)
+    print(f"machine: {describe_cpu(cpu_description())}", flush=True)
     model, tokenizer = load_causal_lm(args.model)
     by_rows = []
     for rows in [int(r) for r in args.rows.split(",") if r.strip()]:
@@ -183,8 +183,6 @@ def main() -> None:
     summary = {
         "benchmark": "exact_products",
         "model": args.model,
-        "cpu": cpu_description(),
-        "cpu_line": describe_cpu(cpu_description()),
         "threads": args.threads,
         "tokens": args.tokens,
         "repeats": args.repeats,
@@ -193,12 +191,9 @@ def main() -> None:
         "all_same": all(r["same_tokens_and_logprobs"] for r in by_rows)
         and (evaluation is None or evaluation["same_answers_and_tokens"]),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
     # The evaluation alone (``--rows ""``) does not replace the decoding steps' figures.
     name = "exact_products" + ("" if by_rows else "_evaluation") + ("_quick" if args.quick else "")
-    name += ".json"
-    (RESULTS / name).write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    write_results(name, summary)
 
 
 if __name__ == "__main__":

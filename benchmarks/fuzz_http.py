@@ -1,19 +1,23 @@
-"""HTTP fuzzing: generated requests against the retriever's ``/retrieve`` and the judge's OpenAI subset.
+"""HTTP fuzzing: generated requests against the retriever's ``/retrieve`` and the judge's ``/v1/completions``
+and ``/v1/chat/completions`` at the shipped request bounds, through Serve's proxy actor and through HAProxy.
 
-One local Ray with Serve on 127.0.0.1: the retriever (a flat index of the bundled MiniLM over a small
-synthetic corpus, the test suite's bounds) and the judge (a tiny Gemma-3 built here, as the judge tests use).
-``--requests`` requests per endpoint (default 10,000: retriever ``/retrieve``, judge ``/v1/completions`` and
-``/v1/chat/completions`` together) are drawn by hypothesis (``tests/http_fuzz.py``: wrong types, huge,
-empty, unicode and lone-surrogate strings, NaN, huge integers, deep nesting, raw bytes, wrong methods,
-paths and content types; seeded, drawn in a fresh interpreter) and sent 8 at a time. The figure that
-matters: 0 responses 5xx (and 0 transport errors), and each server still answering a valid request
-afterwards.
+For each ingress a local Ray in a subprocess serves, on 127.0.0.1, the retriever (BM25 over a 300-passage
+synthetic corpus, as ``tuned_examples/serve_cpu.yaml`` serves BM25) at ``/`` and the judge (a tiny Gemma-3)
+at ``/judge``, with the bounds of the shipped Serve configs (``tests/http_fuzz.py``: ``shipped_limits``)
+and Serve's proxy actor (``proxy``) or Ray's high-throughput HAProxy mode (``haproxy``, what
+``rllib-search serve --high-throughput`` starts). The same ``--requests`` requests per endpoint go through
+each (``tests/http_fuzz.py``: mostly well-formed JSON objects with one to three fields mutated at and past
+their bounds, a minority of bodies past ``max_body_bytes``, bodies that are not JSON objects, other content
+types, methods and paths), 8 at a time. The figures that matter: 0 responses 5xx (and 0 transport errors),
+the share of requests the endpoint parsed (``share_parsed``: answered, or refused by the schema or the
+endpoint's bounds), and each service still answering a valid request afterwards.
 
 Prints a final JSON line and writes ``benchmarks/results/fuzz_http.json`` (``fuzz_http_quick.json`` with
-``--quick``: 500 per endpoint).
+``--quick``: 300 per endpoint and ingress), with the commit and the machine (``benchmarks/results_file.py``).
 
-    python benchmarks/fuzz_http.py            # 10,000 requests per endpoint
+    python benchmarks/fuzz_http.py            # 5,000 per endpoint and ingress: 10,000 per endpoint
     python benchmarks/fuzz_http.py --quick
+    python benchmarks/fuzz_http.py --ingress haproxy --requests 1000
 """
 
 from __future__ import annotations
@@ -24,145 +28,123 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-LIMITS = {"max_queries": 64, "max_query_chars": 500, "max_topk": 10}
-JUDGE_LIMITS = {"max_prompts": 8, "max_prompt_chars": 4000, "max_prompt_tokens": 300, "max_tokens": 16}
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.* and tests.*
+
+from benchmarks.results_file import write_results  # noqa: E402
 
 
-def start_services(root: Path) -> tuple[str, str]:
-    """Ray, Serve on 127.0.0.1, the retriever at ``/`` and the judge at ``/judge``; returns both base URLs."""
-    import ray
-    from ray import serve
-
-    from rllib_search.data.formats import write_corpus_jsonl
-    from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
-    from rllib_search.llm.tiny import build_tiny_tokenizer
-    from rllib_search.serve.cluster import patient_serve_proxies
-    from rllib_search.serve.http.ports import free_port
-    from rllib_search.serve.judge.deployment import build_judge_app
-    from rllib_search.serve.retrieval.build import build_index
-    from rllib_search.serve.retrieval.deployment import build_retriever_app
-    from tests.helpers import build_tiny_sliding_window_lm
-
-    world = generate_world(SyntheticWorldConfig(seed=3, num_passages=300, num_train=0, num_test=5))
-    write_corpus_jsonl(world.passages, root / "corpus.jsonl")
-    build_index(root / "corpus.jsonl", root / "flat", "flat", encoder="all-minilm-l6-v2", progress=False)
-    judge_dir = build_tiny_sliding_window_lm(root / "judge", build_tiny_tokenizer(root / "tok"))
-
-    patient_serve_proxies()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    retriever = {
-        "index_dir": str(root / "flat"),
-        "num_replicas": 1,
-        "ray_actor_options": {"num_cpus": 1},
-        "limits": LIMITS,
-        "max_batch_queries": 256,
-    }
-    serve.run(build_retriever_app(retriever), name="retriever", route_prefix="/")
-    judge = {
-        "model": str(judge_dir),
-        "served_model_name": "tiny-judge",
-        "num_replicas": 1,
-        "ray_actor_options": {"num_cpus": 1},
-        "limits": JUDGE_LIMITS,
-        "max_batch_prompts": 64,
-        "default_max_tokens": 6,
-    }
-    serve.run(build_judge_app(judge), name="judge", route_prefix="/judge")
-    return f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/judge"
-
-
-def still_answering(retriever_url: str, judge_url: str) -> dict[str, bool]:
-    """Whether each server answers a valid request with 200 and a well-formed body."""
-    import requests
-
-    retrieve = requests.post(
-        f"{retriever_url}/retrieve", json={"queries": ["lead singer"], "topk": 2}, timeout=60
-    )
-    completion = requests.post(
-        f"{judge_url}/v1/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=60
-    )
-    return {
-        "retriever": retrieve.status_code == 200 and len(retrieve.json()["result"][0]) == 2,
-        "judge": completion.status_code == 200 and len(completion.json()["choices"]) == 1,
-    }
+def totals(rows: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """Per endpoint, the sums over ingresses: requests, status and stage counts, shares, 5xx."""
+    out: dict[str, dict] = {}
+    for by_endpoint in rows.values():
+        for endpoint, row in by_endpoint.items():
+            total = out.setdefault(
+                endpoint, {"requests": 0, "status_counts": Counter(), "stage_counts": Counter(), "5xx": 0}
+            )
+            total["requests"] += row["requests"]
+            total["status_counts"].update(row["status_counts"])
+            total["stage_counts"].update(row["stage_counts"])
+            total["5xx"] += row["5xx"]
+    for total in out.values():
+        stages, count = total["stage_counts"], max(total["requests"], 1)
+        total["status_counts"] = dict(sorted(total["status_counts"].items(), key=lambda kv: int(kv[0])))
+        total["stage_counts"] = dict(stages)
+        total["share_parsed"] = round(
+            sum(stages.get(s, 0) for s in ("schema", "bounds", "answered")) / count, 4
+        )
+        total["share_past_schema"] = round(sum(stages.get(s, 0) for s in ("bounds", "answered")) / count, 4)
+        total["share_answered"] = round(stages.get("answered", 0) / count, 4)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="500 requests per endpoint")
-    parser.add_argument("--requests", type=int, help="requests per endpoint (default 10000; --quick: 500)")
+    parser.add_argument("--quick", action="store_true", help="300 requests per endpoint and ingress")
+    parser.add_argument("--requests", type=int, help="requests per endpoint and ingress (default 5000)")
+    parser.add_argument("--ingress", nargs="+", choices=["proxy", "haproxy"], default=["proxy", "haproxy"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=8, help="requests in flight at once")
     args = parser.parse_args()
-    count = args.requests or (500 if args.quick else 10_000)
-    sys.path.insert(0, str(ROOT))
+    count = args.requests or (300 if args.quick else 5000)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    import ray
-    from ray import serve
+    from tests.http_fuzz import (
+        ENDPOINTS,
+        SERVICE,
+        build_assets,
+        generate,
+        send,
+        shipped_limits,
+        start_services,
+        still_answering,
+    )
 
-    from tests.http_fuzz import describe, draw_requests_isolated, send
-
-    endpoints = {"retriever /retrieve": "retrieve", "judge /v1/*completions": "judge"}
-    drawn = {}
-    for name, kind in endpoints.items():
-        started = time.perf_counter()
-        drawn[name] = draw_requests_isolated(kind, count, args.seed)
-        print(f"[fuzz] {name}: drew {count} requests in {time.perf_counter() - started:.0f} s", flush=True)
-
+    limits = shipped_limits()
+    print(f"[fuzz] bounds: {json.dumps(limits)}", flush=True)
+    rows: dict[str, dict[str, dict]] = {}
+    answering: dict[str, dict[str, bool]] = {}
+    started_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        retriever_url, judge_url = start_services(Path(tmp))
-        rows = {}
-        for (name, batch), base in zip(drawn.items(), (retriever_url, judge_url)):
+        assets = build_assets(Path(tmp) / "assets")
+        for ingress in args.ingress:
             started = time.perf_counter()
-            result = send(base, batch, workers=args.workers)
-            seconds = time.perf_counter() - started
-            rows[name] = {
-                "requests": len(batch),
-                "seconds": round(seconds, 1),
-                "status_counts": {str(k): v for k, v in sorted(result.statuses.items())},
-                "5xx": result.server_errors,
-                "examples_5xx": [f"{status} {describe(r)} -> {text}" for r, status, text in result.failures],
-            }
-            print(
-                f"[fuzz] {name}: {json.dumps({k: v for k, v in rows[name].items() if k != 'examples_5xx'})}"
-            )
-            for line in rows[name]["examples_5xx"]:
-                print(f"[fuzz]   5xx: {line}", flush=True)
-        answering = still_answering(retriever_url, judge_url)
-        serve.shutdown()
-        ray.shutdown()
+            services = start_services(assets, limits, ingress, Path(tmp) / f"{ingress}.log")
+            print(f"[fuzz] {ingress}: services up in {time.perf_counter() - started:.0f} s", flush=True)
+            rows[ingress] = {}
+            try:
+                for endpoint in ENDPOINTS:
+                    base = services.retriever if SERVICE[endpoint] == "retriever" else services.judge
+                    result = send(base, generate(endpoint, count, args.seed, limits), workers=args.workers)
+                    rows[ingress][endpoint] = result.summary()
+                    shown = {
+                        k: v
+                        for k, v in rows[ingress][endpoint].items()
+                        if not k.startswith("examples") and k != "slowest"
+                    }
+                    print(f"[fuzz] {ingress} {endpoint}: {json.dumps(shown)}", flush=True)
+                    for line in rows[ingress][endpoint]["examples_5xx"]:
+                        print(f"[fuzz]   5xx: {line}", flush=True)
+                answering[ingress] = still_answering(services.retriever, services.judge)
+            finally:
+                services.stop()
 
-    total_5xx = sum(row["5xx"] for row in rows.values())
+    by_endpoint = totals(rows)
+    total_5xx = sum(row["5xx"] for row in by_endpoint.values())
+    all_answering = all(all(flags.values()) for flags in answering.values())
     results = {
         "benchmark": "fuzz_http",
         "quick": args.quick,
         "seed": args.seed,
-        "machine": f"{os.cpu_count()} CPU cores",
-        "requests": sum(row["requests"] for row in rows.values()),
-        "endpoints": rows,
+        "seconds": round(time.perf_counter() - started_all, 1),
+        "limits": limits,
+        "requests_per_endpoint_and_ingress": count,
+        "requests": sum(row["requests"] for row in by_endpoint.values()),
+        "endpoints": by_endpoint,
+        "ingresses": rows,
         "5xx": total_5xx,
         "still_answering": answering,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "fuzz_http_quick.json" if args.quick else "fuzz_http.json"
-    (RESULTS / name).write_text(json.dumps(results, indent=2) + "\n")
-    summary = {
+    headline = {
+        "benchmark": "fuzz_http",
         "requests": results["requests"],
-        "status_counts": {name: row["status_counts"] for name, row in rows.items()},
+        "endpoints": {
+            endpoint: {
+                k: row[k] for k in ("requests", "share_parsed", "share_answered", "status_counts", "5xx")
+            }
+            for endpoint, row in by_endpoint.items()
+        },
         "5xx": total_5xx,
-        "still_answering": answering,
+        "still_answering": all_answering,
     }
-    print(json.dumps(summary))
-    return 0 if total_5xx == 0 and all(answering.values()) else 1
+    write_results("fuzz_http_quick" if args.quick else "fuzz_http", results, headline=headline)
+    return 0 if total_5xx == 0 and all_answering else 1
 
 
 if __name__ == "__main__":

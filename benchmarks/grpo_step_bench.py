@@ -22,8 +22,8 @@ scoring (``sample``, around its ``_generate_and_score_completions``) and the res
 
 ``--multi-turn`` also times our step on Search-R1's 3-turn protocol with BM25 search (no TRL equivalent).
 Prints a final JSON line and writes ``benchmarks/results/grpo_step.json`` (``grpo_step_quick.json`` with
-``--quick``: 2 steps a side and 32 new tokens, the same on both sides, under 4 minutes). TRL is a
-benchmark extra: ``pip install -e .[bench]``.
+``--quick``: 2 steps a side and 32 new tokens, the same on both sides, under 4 minutes), with the commit
+and the machine (``benchmarks/results_file.py``). TRL is a benchmark extra: ``pip install -e .[bench]``.
 
     python benchmarks/grpo_step_bench.py [--quick] [--steps 6] [--new-tokens 64] [--multi-turn]
 """
@@ -31,8 +31,8 @@ benchmark extra: ``pip install -e .[bench]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -43,7 +43,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
+
 MODEL = "smollm2-135m-instruct"
 PROMPTS, GROUP, LR, KL, TEMPERATURE = 4, 4, 1e-6, 0.001, 1.0
 
@@ -319,12 +323,7 @@ def main() -> None:
         multi.algo.stop()
         summary["ours_multi_turn"] = summarize(records)
     ray.shutdown()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = (
-        "grpo_step_quick.json" if args.quick else "grpo_step.json"
-    )  # a quick run never overwrites the full one
-    (RESULTS / name).write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    write_results("grpo_step_quick" if args.quick else "grpo_step", summary)  # quick never replaces full
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ The figure is answered evidences per second, batched over one by one (medians of
 latency of one sample's judge call in batched mode. Also checked: both modes give the same answers.
 
 Prints a final JSON line and writes ``benchmarks/results/judge.json`` and ``judge.png`` (``judge_quick.*``
-with ``--quick``; ``--dtype bfloat16`` adds ``_bfloat16``).
+with ``--quick``; ``--dtype bfloat16`` adds ``_bfloat16``), with the commit and the machine
+(``benchmarks/results_file.py``).
 
     python benchmarks/judge_bench.py            # full run (about 6 minutes on 2 cores)
     python benchmarks/judge_bench.py --quick    # under 3 minutes
@@ -23,7 +24,6 @@ with ``--quick``; ``--dtype bfloat16`` adds ``_bfloat16``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +35,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
+
 JUDGE = "gemma3-270m"
 
 
@@ -137,7 +141,6 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    sys.path.insert(0, str(ROOT))
 
     import ray
     import requests
@@ -195,7 +198,7 @@ def main() -> None:
         "quick": args.quick,
         "judge_model": JUDGE,
         "judge_dtype": args.dtype,
-        "machine": f"{os.cpu_count()} CPU cores",
+        "judge_threads": args.threads,
         "clients": args.clients,
         "sample_size": args.sample_size,
         "evidences_one_by_one": serial_count,
@@ -211,9 +214,9 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "judge" + ("_quick" if args.quick else "") + ("" if args.dtype == "auto" else f"_{args.dtype}")
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(rows, RESULTS / f"{name}.png")
-    print(json.dumps({k: v for k, v in results.items() if k not in ("repeats", "example_prompt")}))
+    headline = {k: v for k, v in results.items() if k not in ("repeats", "example_prompt")}
+    write_results(name, results, headline=headline)
 
 
 if __name__ == "__main__":

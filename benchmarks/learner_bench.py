@@ -24,7 +24,7 @@ Trained tokens per second = generated (loss-masked) tokens / wall time of one up
 see the same machine load. Also reported: the learner with the k3 KL to a frozen reference on (its extra
 reference forward pass), and peak RSS. Prints a final JSON line and writes
 ``benchmarks/results/learner.json`` (``learner_quick.json`` with ``--quick``, which runs in under 3
-minutes).
+minutes), with the commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/learner_bench.py [--quick] [--model smollm2-135m-instruct]
 """
@@ -32,8 +32,8 @@ minutes).
 from __future__ import annotations
 
 import argparse
-import json
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,7 +51,10 @@ from rllib_search.algos.learners.losses import clipped_policy_loss
 from rllib_search.llm.models import load_causal_lm, load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
 
 
 def search_batch(
@@ -228,10 +231,7 @@ def main() -> None:
         ),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "learner_quick.json" if args.quick else "learner.json"  # a quick run never overwrites the full one
-    (RESULTS / name).write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    write_results("learner_quick" if args.quick else "learner", summary)  # quick never replaces full
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 Run it with a main job's warm start (``--model runs/tiny_cpu_grpo/warm_start_model``): the bundled base
 model never closes a turn, so its episodes are not the main job's. Medians over ``--repeats`` alternating
 repeats (the first of each a warm-up, not counted). Prints a final JSON line and writes
-``benchmarks/results/main_job_parts.json`` (``_quick`` with ``--quick``: 2 repeats, 20 + 20 questions).
+``benchmarks/results/main_job_parts.json`` (``_quick`` with ``--quick``: 2 repeats, 20 + 20 questions),
+with the commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/main_job_parts_bench.py --model runs/tiny_cpu_grpo/warm_start_model [--quick]
 """
@@ -21,7 +22,6 @@ repeats (the first of each a warm-up, not counted). Prints a final JSON line and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,10 +43,10 @@ from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
 from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.learner_bench
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
 
 from benchmarks.learner_bench import build_learner  # noqa: E402
+from benchmarks.results_file import write_results  # noqa: E402
 
 
 def timed(fn) -> tuple[float, object]:
@@ -207,10 +207,7 @@ def main() -> None:
     del runner
     print("GRPO learner update", flush=True)
     result["grpo_update"] = bench_learner(args.model, args.prompt_tokens, repeats)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "main_job_parts_quick.json" if args.quick else "main_job_parts.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_results("main_job_parts_quick" if args.quick else "main_job_parts", result)
 
 
 if __name__ == "__main__":

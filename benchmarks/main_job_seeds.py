@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+from benchmarks.results_file import write_results  # noqa: E402
+
 MAIN_JOB = ROOT / "tuned_examples" / "tiny_cpu_grpo.py"
 MIN_GAIN_2HOP = 0.20  # the goal: 2-hop EM at least 0.20 above the warm start's
 STAGES = ("before", "after warm start", "after RL")
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows.append(seed_row(seed, summary))
         document = report(rows, flags, failed)
-        (out / "seeds.json").write_text(json.dumps(document, indent=2) + "\n")
+        write_results("seeds", document, headline=totals(document), directory=out)  # after every seed
         (out / "seeds.md").write_text(markdown(document))
         plot(document, out / "seeds.png")
         if summary is not None:
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(markdown(document))
     print(f"report: {out / 'seeds.md'}, {out / 'seeds.json'}, {out / 'seeds.png'}")
-    print(json.dumps(totals(document)))
+    write_results("seeds", document, headline=totals(document), directory=out)  # the final JSON line
     return 1 if failed else 0
 
 

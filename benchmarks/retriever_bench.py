@@ -22,7 +22,8 @@ Also measured: HNSW recall@3 against Flat, the query dtype's recall@3 against fp
 resident memory of a replica.
 
 Prints a final JSON line and writes ``benchmarks/results/retriever.json`` and ``retriever.png``
-(``--quick``: ``retriever_quick.json`` and ``retriever_quick.png``, never the full run's files).
+(``--quick``: ``retriever_quick.json`` and ``retriever_quick.png``, never the full run's files), with the
+commit and the machine (``benchmarks/results_file.py``).
 
     python benchmarks/retriever_bench.py            # full run (the first run builds the index: minutes)
     python benchmarks/retriever_bench.py --quick    # under 3 minutes
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -45,6 +45,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
+
 ENCODER = "all-minilm-l6-v2"
 
 
@@ -392,7 +396,6 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "retriever_quick" if args.quick else "retriever"
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(
         levels,
         {
@@ -404,7 +407,7 @@ def main() -> None:
         f"Retriever on {os.cpu_count()} CPU cores: MiniLM ({query_dtype} queries) + faiss Flat, "
         f"{num_passages:,} passages",
     )
-    print(json.dumps(results))
+    write_results(name, results)
 
 
 if __name__ == "__main__":

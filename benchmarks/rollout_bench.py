@@ -27,7 +27,8 @@ prompt is shared, and the results go to ``rollout_g1.json``).
 Also counted: tokens kept after a stop tag in any rollout segment (must be 0), and the mean context each
 generated token attends to in each. Prints a final JSON line and writes ``benchmarks/results/rollout.json``
 (``rollout_g<G>.json`` for another group size; ``--quick`` adds ``_quick`` to the name, never overwriting
-the full run's file); ``--quick`` runs in under 3 minutes.
+the full run's file), with the commit and the machine (``benchmarks/results_file.py``); ``--quick`` runs
+in under 3 minutes.
 
     OMP_NUM_THREADS=1 python benchmarks/rollout_bench.py [--quick] [--group-size G]
 """
@@ -38,6 +39,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,7 +56,10 @@ from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, teach_to_emit
 from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+
+from benchmarks.results_file import write_results  # noqa: E402
 
 
 def searching_tiny_model(out: Path, questions: list[str]) -> Path:
@@ -232,10 +237,8 @@ def main() -> None:
     ):
         results[key] = min(m[key] for m in models)
     results["tokens_generated_after_stop"] = sum(m["tokens_generated_after_stop"] for m in models)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out_name = ("rollout" if group == 4 else f"rollout_g{group}") + ("_quick" if args.quick else "") + ".json"
-    (RESULTS / out_name).write_text(json.dumps(results, indent=2))
-    print(json.dumps(results))
+    out_name = ("rollout" if group == 4 else f"rollout_g{group}") + ("_quick" if args.quick else "")
+    write_results(out_name, results)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""``rllib-search``: the command line.
+"""``rllib-search`` (also ``python -m rllib_search``): the command line.
 
+- ``rllib-search train RECIPE [flags]``: train a recipe as a job (``--list``: the recipes; ``RECIPE
+  --help``: its flags; ``--smoke``: the embedded default at its smallest size). The papers' recipes and the
+  λ sweep run through ``recipes/train_cli.py``, the CPU main job through ``recipes/tiny_cpu/cli.py``.
 - ``rllib-search world --out DIR``: write the synthetic multi-hop world (corpus + train/test files).
+- ``rllib-search rollout``: scripted policies (and a zero-shot LLM policy) through MultiTurnSearchEnv on
+  the synthetic world with a BM25 retriever, for each protocol; prints a table and writes
+  ``summary.json``, ``rewards.png`` and example responses under ``--out``.
 - ``rllib-search index build ...`` / ``index info DIR``: build or describe a retrieval index.
 - ``rllib-search serve retriever --index DIR``: the retrieval service on Ray Serve.
 - ``rllib-search serve judge [--model gemma3-270m]``: the evidence judge (OpenAI-compatible) on Ray Serve.
 - ``rllib-search eval [--checkpoint DIR | --model NAME] --data FILE ...``: greedy evaluation, EM / F1 /
   cover-EM per source with bootstrap intervals (default: the main job's checkpoint on the synthetic test set).
-- ``rllib-search rollout``: the main job on the embedded default: scripted policies through
-  MultiTurnSearchEnv on the synthetic world with a BM25 retriever, for each protocol; prints a table and
-  writes ``summary.json``, ``rewards.png`` and example responses under ``--out``.
 """
 
 from __future__ import annotations
@@ -184,21 +187,117 @@ def _plot(summaries, path: Path) -> None:
     plt.close(fig)
 
 
+MAIN_EPILOG = """\
+examples:
+  rllib-search train --list                          # the recipes, one line each
+  rllib-search train search_r1_grpo --smoke          # a recipe on the embedded default, minutes on CPU
+  rllib-search train tiny_cpu                        # the CPU main job (train RECIPE --help: its flags)
+  rllib-search world --out worlds/seed0              # the synthetic world's corpus and questions
+  rllib-search rollout --episodes 16                 # scripted policies through the env, per protocol
+  rllib-search index build --corpus corpus.jsonl --kind bm25 --out idx/
+  rllib-search index info idx/
+  rllib-search serve retriever --index idx/          # POST 127.0.0.1:8000/retrieve
+  rllib-search serve judge                           # the bundled Gemma-3-270M judge at /judge/v1
+  rllib-search eval                                  # the main job's checkpoint on the synthetic test set
+  rllib-search eval --checkpoint runs/search_r1_grpo/checkpoint --data test.parquet --index idx/
+
+`rllib-search COMMAND --help` shows a command's flags.
+"""
+
+#: ``rllib-search train``'s recipes and their one-line descriptions, in the order ``--list`` shows them.
+#: Kept here rather than beside the recipes so that listing them imports no model code.
+TRAIN_RECIPES = {
+    "search_r1_grpo": "Search-R1 GRPO (arXiv 2503.09516): EM reward, retrieved tokens masked",
+    "search_r1_ppo": "Search-R1 PPO (arXiv 2503.09516): a value head and GAE, KL in the reward",
+    "r1_searcher": "R1-Searcher (arXiv 2503.05592): REINFORCE++, retrieval + format reward, then F1",
+    "r_search_grpo": "R-Search GRPO: answer, evidence and format rewards, evidence judged by a served model",
+    "tiny_cpu": "the CPU main job: SmolLM2-135M learns to chain searches (SFT, calibration, GRPO), 2 cores",
+    "lambda_sweep": "Ray Tune sweep of Search-R1 GRPO's format (λ_f) and retrieval (λ_r) rewards and seeds",
+}
+
+TRAIN_EPILOG = """\
+Each recipe runs at one of three sizes: the paper's (the default: --data and the served retriever or
+--retriever-url, on a GPU cluster), --embedded (the bundled SmolLM2, the synthetic world and a BM25
+retriever on CPU, with a warm start) or --smoke (the same code path at its smallest size, minutes); the
+CPU main job has its own sizes (--smoke too). A run writes its summary (summary.json; the sweep's
+results.md), plots and checkpoints under --out. `rllib-search train RECIPE --help` shows a recipe's flags.
+
+  rllib-search train --list
+  rllib-search train search_r1_grpo --smoke
+  rllib-search train r1_searcher --embedded --out runs/r1_searcher_cpu
+  rllib-search train tiny_cpu
+  RAY_AUTH_MODE=token ray job submit -- python -m rllib_search train r_search_grpo --data /data/train.parquet
+"""
+
+
+def recipe_lines() -> list[str]:
+    """One line per recipe: its name and what it trains."""
+    width = max(map(len, TRAIN_RECIPES))
+    return [f"{name:{width}s}  {summary}" for name, summary in TRAIN_RECIPES.items()]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.list or args.recipe is None:
+        print("\n".join(recipe_lines()))
+        if not args.list:
+            print("\nrllib-search train RECIPE --help: a recipe's flags; --smoke: its smallest run")
+        return 0
+    if args.recipe not in TRAIN_RECIPES:
+        args.parser.error(f"unknown recipe {args.recipe!r}; one of: {', '.join(TRAIN_RECIPES)}")
+    prog = f"rllib-search train {args.recipe}"
+    if args.recipe == "tiny_cpu":
+        from rllib_search.recipes.tiny_cpu.cli import main as tiny_cpu_main
+
+        return tiny_cpu_main(args.recipe_args, prog=prog)
+    from rllib_search.recipes.train_cli import train
+
+    return train(args.recipe, args.recipe_args, prog=prog)
+
+
+def add_train_command(sub) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train a recipe: the papers', the CPU main job, the λ sweep",
+        description="Train a recipe as a job: on the running Ray cluster when there is one (`ray job\n"
+        "submit` sets RAY_ADDRESS), else on a local Ray.\n\nrecipes:\n"
+        + "\n".join(f"  {line}" for line in recipe_lines()),
+        epilog=TRAIN_EPILOG,
+        usage="rllib-search train [-h] [--list] [RECIPE [recipe flags ...]]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("--list", action="store_true", help="list the recipes, one line each")
+    train.add_argument("recipe", nargs="?", metavar="RECIPE", help="the recipe to train (see above)")
+    train.add_argument(
+        "recipe_args", nargs=argparse.REMAINDER, metavar="...", help="the recipe's flags (RECIPE --help)"
+    )
+    train.set_defaults(func=cmd_train, parser=train)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rllib-search", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="rllib-search",
+        description="Train LLM search agents (Search-R1, R1-Searcher, R-Search) with reinforcement learning\n"
+        "on Ray RLlib, and serve their retriever and evidence judge on Ray Serve.\n"
+        "`python -m rllib_search` is the same command.",
+        epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    add_train_command(sub)
 
     def world_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--seed", type=int, default=0, help="synthetic world seed")
         p.add_argument("--train", type=int, default=1000, help="train questions")
         p.add_argument("--test", type=int, default=200, help="test questions")
 
-    world = sub.add_parser("world", help="write the synthetic multi-hop world")
+    world = sub.add_parser("world", help="write the synthetic multi-hop world (corpus and questions)")
     world.add_argument("--out", required=True, help="output directory")
     world_options(world)
     world.set_defaults(func=cmd_world)
 
-    rollout = sub.add_parser("rollout", help="scripted policies through the env on the synthetic world")
+    rollout = sub.add_parser(
+        "rollout", help="scripted and LLM policies through the env on the synthetic world"
+    )
     world_options(rollout)
     rollout.add_argument("--world", help="world directory (default: generated under the cache)")
     rollout.add_argument(

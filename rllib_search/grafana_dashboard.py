@@ -136,6 +136,16 @@ TRAINING_PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Evidence judge retries",
+        "short",
+        "Groups held back for the judge, judged on a later try, trained unjudged",
+        [
+            (increase("judge_held_groups"), "held"),
+            (increase("judge_recovered_groups"), "recovered"),
+            (increase("judge_unjudged_groups"), "unjudged"),
+        ],
+    ),
+    (
         "Evidence judge per sample",
         "s",
         "Seconds of a sample's judge call; judge calls and evidences/s",

@@ -131,6 +131,9 @@ TRAINING: tuple[MetricSpec, ...] = (
     _runner("judge_calls", "Evidence-judge calls (one per sample)", "counter"),
     _runner("judge_prompts", "Evidences sent to the judge", "counter"),
     _runner("judge_errors", "Evidence-judge calls that failed", "counter"),
+    _runner("judge_held_groups", "Groups held back to judge their evidence again", "counter"),
+    _runner("judge_recovered_groups", "Held groups judged on a later try", "counter"),
+    _runner("judge_unjudged_groups", "Held groups trained unjudged after their last try", "counter"),
     _learner("skipped_updates", "Updates skipped for a non-finite loss", "counter"),
 )
 

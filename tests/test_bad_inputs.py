@@ -1,6 +1,9 @@
 """Bad input at every edge, table-driven: each corruption of an index directory, a manifest, a checkpoint or a
 parquet file raises an error whose message names the file and what is wrong (row and field where they
-apply), and none of them is a bare traceback from faiss, Arrow or pickle."""
+apply), and none of them is a bare traceback from faiss, Arrow or pickle; each bad HTTP request body (too
+large, by Content-Length or chunked, not JSON, not an object, a list past its bound, not of the schema)
+gets a 4xx with a message from the services' body reading (``serve/http/validation.py``), before it is
+parsed where its size is the problem."""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
 from rllib_search.algos.checkpoints.check import CheckpointError, check_checkpoint
 from rllib_search.algos.evaluation.evaluate import load_policy
@@ -28,7 +35,17 @@ from rllib_search.data.formats import (
     write_search_r1_parquet,
 )
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+from rllib_search.serve.http.validation import (
+    RequestRefused,
+    check_length,
+    default_body_bytes,
+    parse_json_object,
+    read_body,
+    validate,
+)
+from rllib_search.serve.judge.deployment import JudgeLimits
 from rllib_search.serve.retrieval.build import build_index
+from rllib_search.serve.retrieval.deployment import RequestLimits
 from rllib_search.serve.retrieval.load import load_index
 from rllib_search.serve.retrieval.manifest import IndexFileError, IndexMismatchError
 
@@ -519,3 +536,120 @@ def test_a_truncated_search_r1_parquet_is_named(tmp_path, world):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(DataFormatError, match=re.escape(str(path)) + ": not a readable parquet file"):
         read_search_r1_parquet(path)
+
+
+# --- HTTP request bodies (serve/http/validation.py, on a small app without Ray) -----------------------
+BODY_LIMIT = 100
+
+
+class _Item(BaseModel):
+    items: list[str]
+    k: int = 1
+
+
+def _body_client() -> TestClient:
+    """An app that reads its body as the services do: size, media type, JSON, a list's length, schema."""
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> JSONResponse:
+        try:
+            body = await read_body(request, BODY_LIMIT)
+            fields = parse_json_object(body, request.headers.get("content-type"), 422)
+            check_length(fields, "items", 3, "at most {bound} items, got {length}", 413)
+            item = validate(_Item, fields, 422)
+        except RequestRefused as refused:
+            return JSONResponse({"detail": refused.message}, status_code=refused.status)
+        return JSONResponse({"items": item.items, "bytes": len(body)})
+
+    return TestClient(app)
+
+
+def _chunks(data: bytes, size: int = 7):
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+def _padded(size: int) -> bytes:
+    core = b'{"items": ["a"]}'
+    return core[:-1] + b" " * (size - len(core)) + core[-1:]
+
+
+# (case, body, headers, status, message pattern)
+BODY_CASES = [
+    ("at the limit", _padded(BODY_LIMIT), {}, 200, None),
+    ("past the limit", _padded(BODY_LIMIT + 1), {}, 413, r"has 101 bytes, at most 100 allowed"),
+    ("chunked at the limit", _chunks(_padded(BODY_LIMIT)), {}, 200, None),
+    ("chunked past the limit", _chunks(_padded(10 * BODY_LIMIT)), {}, 413, r"passes 100 bytes"),
+    ("no content type", b'{"items": ["a"]}', {"content-type": ""}, 200, None),
+    ("a +json type", b'{"items": ["a"]}', {"content-type": "application/vnd.api+json"}, 200, None),
+    ("text/plain", b'{"items": ["a"]}', {"content-type": "text/plain"}, 415, r"must be JSON"),
+    ("form", b"items=a", {"content-type": "application/x-www-form-urlencoded"}, 415, r"must be JSON"),
+    ("empty", b"", {}, 422, r"not valid JSON"),
+    ("truncated", b'{"items": [', {}, 422, r"not valid JSON"),
+    ("not UTF-8", b'{"items": ["\xff"]}', {}, 422, r"not valid JSON"),
+    ("nested arrays", b"[" * 40 + b"]" * 40, {}, 422, r"must be a JSON object, got an array"),
+    ("an array", b"[1]", {}, 422, r"must be a JSON object, got an array"),
+    ("null", b"null", {}, 422, r"got null"),
+    ("a list past its bound", b'{"items": [1, 2, 3, 4]}', {}, 413, r"at most 3 items, got 4"),
+    ("schema", b'{"items": [1, 2]}', {}, 422, r"malformed request: items\.0: .*; items\.1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "pattern"),
+    [case[1:] for case in BODY_CASES],
+    ids=[case[0] for case in BODY_CASES],
+)
+def test_a_bad_request_body_gets_a_4xx_with_a_message(body, headers, status, pattern):
+    headers = {"content-type": "application/json", **headers}
+    headers = {k: v for k, v in headers.items() if v}
+    answer = _body_client().post("/echo", content=body, headers=headers)
+    assert answer.status_code == status, answer.text
+    if pattern is not None:
+        assert re.search(pattern, answer.json()["detail"]), answer.text
+
+
+def test_json_python_cannot_convert_gets_a_4xx():
+    """Nesting past Python's recursion limit, an integer past its 4300-digit conversion limit: both are
+    parse errors (FastAPI answered the first with a generic 400), neither a 5xx."""
+    with pytest.raises(RequestRefused, match="nested too deeply") as deep:
+        parse_json_object(b"[" * 100_000 + b"]" * 100_000, "application/json", 422)
+    with pytest.raises(RequestRefused, match="not valid JSON") as long_int:
+        parse_json_object(b'{"k": ' + b"1" * 5000 + b"}", None, 400)
+    assert (deep.value.status, long_int.value.status) == (422, 400)
+
+
+def test_a_bad_content_length_gets_a_400():
+    client = _body_client()
+    answer = client.post(
+        "/echo", content=b"{}", headers={"content-type": "application/json", "content-length": "x"}
+    )
+    assert answer.status_code == 400 and "Content-Length" in answer.json()["detail"]
+
+
+def test_a_refusal_never_echoes_the_input_and_lists_at_most_20_problems():
+    with pytest.raises(RequestRefused) as refused:
+        validate(_Item, {"items": [None] * 1000, "k": "\ud800secret"}, 422)
+    message = refused.value.message
+    assert "secret" not in message and "(and 981 more)" in message
+    message.encode("utf-8")  # printable
+
+
+def test_the_default_body_limit_admits_the_largest_valid_request():
+    """``max_body_bytes`` defaults to what the other bounds admit: every query (prompt) at its character
+    bound, every character escaped as ``\\uXXXX`` (what ``requests.post(json=...)`` sends), fits; it can
+    be set, and must be a positive integer."""
+    retriever = RequestLimits()
+    body = json.dumps(
+        {"queries": ["\u4e2d" * retriever.max_query_chars] * retriever.max_queries, "topk": 100}
+    )
+    assert len(body) <= retriever.max_body_bytes == default_body_bytes(1024, 2000) < 13_000_000
+    judge = JudgeLimits()
+    body = json.dumps({"prompt": ["\u4e2d" * judge.max_prompt_chars] * judge.max_prompts, "max_tokens": 256})
+    assert len(body) <= judge.max_body_bytes < 50_000_000
+    assert RequestLimits(max_queries=8, max_query_chars=10).max_body_bytes == 8 * 63 + 65536
+    assert JudgeLimits(max_body_bytes=1000).max_body_bytes == 1000
+    for bad in (0, -1, True, 1.5, "1000"):
+        with pytest.raises(ValueError, match="max_body_bytes must be a positive integer"):
+            RequestLimits(max_body_bytes=bad)

@@ -1,7 +1,8 @@
 """Faults in real training runs (local Ray, tiny models, real Serve): two remote EnvRunners (disjoint
 shards, weight versions, aggregated metrics, every runner's data position through a checkpoint and resume)
 and one of them killed mid-sample; a retriever replica killed mid-rollout; a NaN loss skipped mid-run.
-The driver killed with SIGKILL and resumed is in ``test_learner.py`` (the resume test)."""
+The driver killed with SIGKILL and resumed is in ``test_learner.py`` (the resume test) and, through the
+recipe jobs, in ``test_durable_runs.py``."""
 
 from __future__ import annotations
 
@@ -181,7 +182,8 @@ def test_the_recipe_job_resumes_from_its_newest_checkpoint(
     ray_cluster, searching_model, world, corpus, tmp_path
 ):
     """The tuned examples' job runner: ``--checkpoint-every 1 --keep-last 2``, then ``--resume`` to a later
-    iteration count continues from the newest checkpoint with the rows written before it."""
+    iteration count continues from the newest checkpoint (here the final one, at the same iteration as the
+    newest periodic one) with the rows written before it, a torn last row dropped."""
     from rllib_search.data.formats import write_qa_jsonl
     from rllib_search.recipes.jobs import RecipeJob, job_arguments
 
@@ -206,7 +208,7 @@ def test_the_recipe_job_resumes_from_its_newest_checkpoint(
     # A checkpoint damaged after it was written (a truncated state file) is refused by name on resume.
     from rllib_search.algos.checkpoints.check import CheckpointError
 
-    newest = tmp_path / "out" / "checkpoints" / "checkpoint_000003"
+    newest = tmp_path / "out" / "checkpoint"  # iteration 3, as checkpoint_000003: the final one is taken
     state = next(newest.glob("algorithm_state.*"))
     state.write_bytes(state.read_bytes()[:10])
     resume = parser.parse_args([*common, "--resume", "--iterations", "4"])

@@ -192,7 +192,8 @@ def test_the_bundled_gemma_answers_an_evidence_prompt(service):
 
 
 def test_serve_config_yamls_build_their_apps():
-    """Our judge's YAML builds our app; the Ray Serve LLM YAML (GPU) is valid for Ray 2.60's own schema."""
+    """The combined configs' judge apps: ours builds from the GPU config; the Ray Serve LLM judge is valid
+    for Ray's own schema."""
     from pathlib import Path
 
     import yaml
@@ -201,19 +202,18 @@ def test_serve_config_yamls_build_their_apps():
     from rllib_search.serve.judge.deployment import DEPLOYMENT_NAME
 
     examples = Path(__file__).parents[1] / "tuned_examples"
-    ours = ServeDeploySchema.parse_obj(yaml.safe_load((examples / "serve_judge.yaml").read_text()))
-    app_config = ours.applications[0]
+    ours = ServeDeploySchema.parse_obj(yaml.safe_load((examples / "serve_gpu.yaml").read_text()))
+    (app_config,) = [app for app in ours.applications if app.name == "judge"]
     assert app_config.import_path == "rllib_search.serve.judge.deployment:build_judge_app"
     assert ours.http_options.host == "127.0.0.1"
     deployment = build_judge_app(app_config.args)._bound_deployment
     assert deployment.name == DEPLOYMENT_NAME
-    assert deployment._deployment_config.autoscaling_config.max_replicas == 2
 
-    llm = ServeDeploySchema.parse_obj(yaml.safe_load((examples / "serve_judge_llm.yaml").read_text()))
-    assert llm.applications[0].import_path == "ray.serve.llm:build_openai_app"
+    llm = ServeDeploySchema.parse_obj(yaml.safe_load((examples / "serve_gpu_llm.yaml").read_text()))
+    (judge,) = [app for app in llm.applications if app.import_path == "ray.serve.llm:build_openai_app"]
     # ray.serve.llm itself imports only where vLLM is installed; its LLMConfig is this class.
     from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
 
-    (config,) = [LLMConfig.model_validate(c) for c in llm.applications[0].args["llm_configs"]]
+    (config,) = [LLMConfig.model_validate(c) for c in judge.args["llm_configs"]]
     assert config.model_id == "llama-3.2-3b-judge"
     assert config.model_loading_config.model_source == "meta-llama/Llama-3.2-3B-Instruct"

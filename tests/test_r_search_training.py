@@ -72,7 +72,7 @@ def runner_config(policy_dir, world, judge, **rollouts) -> SearchConfig:
     )
 
 
-def two_answer_grpo_config(policy_dir, judge) -> SearchGRPOConfig:
+def two_answer_grpo_config(policy_dir, judge, judge_retries: int = 2) -> SearchGRPOConfig:
     """GRPO of the two-answer policy on one question (gold: Velmora) with the given judge spec."""
     retriever = {"type": "serve", "timeout_s": 60}
     env_config = {"retriever": retriever, "dataset": RECORDS[:1], "judge": judge, **ENV}
@@ -80,7 +80,13 @@ def two_answer_grpo_config(policy_dir, judge) -> SearchGRPOConfig:
         SearchGRPOConfig()
         .environment(ENV_ID, env_config=env_config)
         .rl_module(model_config={"model": str(policy_dir)})
-        .rollouts(group_size=4, prompts_per_sample=2, max_turn_tokens=48, temperature=1.0)
+        .rollouts(
+            group_size=4,
+            prompts_per_sample=2,
+            max_turn_tokens=48,
+            temperature=1.0,
+            judge_retries=judge_retries,
+        )
         .training(lr=1e-3, micro_batch_size=4, minibatch_size=8)
         .debugging(seed=3)
     )
@@ -111,8 +117,9 @@ def test_one_sample_makes_one_judge_call_for_all_its_evidences(judge_url, eviden
 
 
 def test_an_unreachable_judge_is_counted_and_loses_no_episode(service, evidence_policy_dir, world):
+    """Without retries a judge failure is counted at once: the evidence term is 0, never scored right."""
     spec = {"type": "url", "url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 1, "backoff_s": 0.01}
-    runner = LLMEnvRunner(config=runner_config(evidence_policy_dir, world, spec))
+    runner = LLMEnvRunner(config=runner_config(evidence_policy_dir, world, spec, judge_retries=0))
     rollouts = runner.sample()
     judged = with_evidence(rollouts)
     assert len(rollouts) == 6 and judged
@@ -160,7 +167,7 @@ def test_a_judge_replica_killed_mid_rollout_loses_no_episode(
             return super().generate(prefixes, params, max_new_tokens)
 
     spec = {"type": "serve", "app": "judge_kill", "timeout_s": 20, "max_retries": 3, "backoff_s": 1.0}
-    runner = LLMEnvRunner(config=runner_config(evidence_policy_dir, world, spec))
+    runner = LLMEnvRunner(config=runner_config(evidence_policy_dir, world, spec, judge_retries=0))
     runner.engine = KillingEngine(runner.module.model, runner.tokenizer)
     try:
         rollouts = runner.sample()
@@ -215,10 +222,11 @@ def test_r_search_grpo_trains_end_to_end_with_the_served_judge(judge_url, two_an
 
 
 def test_a_training_run_goes_on_when_its_judge_is_down(service, two_answer_policy_dir):
-    """A judge that never answers (nothing listens on its port) during a GRPO run: each iteration counts
-    the failure for every judged episode, scores their evidence 0, and still trains on the answers."""
+    """A judge that never answers (nothing listens on its port) during a GRPO run without retries: each
+    iteration counts the failure for every judged episode, scores their evidence 0, and still trains on the
+    answers."""
     down = {"type": "url", "url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 1, "backoff_s": 0.01}
-    algo = two_answer_grpo_config(two_answer_policy_dir, down).build_algo()
+    algo = two_answer_grpo_config(two_answer_policy_dir, down, judge_retries=0).build_algo()
     try:
         results = [algo.train() for _ in range(2)]
     finally:
@@ -229,3 +237,69 @@ def test_a_training_run_goes_on_when_its_judge_is_down(service, two_answer_polic
         assert runners["judge_calls"] == 1 and runners["judge_errors"] > 0
         assert runners["reward"]["judge_error"] > 0 and runners["reward"]["evidence_f1"] == 0.0
         assert np.isfinite(learner["policy_loss"]) and learner["gradients_policy_global_norm"] > 1e-3
+
+
+class FlakyJudge:
+    """A reader that fails on the calls numbered in ``failing`` (1-based) and answers "Velmora" otherwise:
+    an evidence judge that is down for a while."""
+
+    def __init__(self, failing: set[int] | None = None) -> None:
+        self.failing = failing if failing is not None else {1}
+        self.calls = 0
+
+    def answer_evidence(self, questions, evidences):
+        self.calls += 1
+        if self.failing == "all" or self.calls in self.failing:
+            raise ConnectionError(f"judge call {self.calls} failed")
+        return ["Velmora"] * len(questions)
+
+
+def test_a_group_whose_judge_failed_waits_and_is_judged_at_the_next_sample(
+    service, evidence_policy_dir, world
+):
+    """``judge_retries``: the groups of a sample whose judge call failed are held back, judged again with
+    the next sample's call, and come back with it, scored as if the judge had answered at once."""
+    judge = FlakyJudge({1})  # the runner may hold a copy: its own counts are read below
+    runner = LLMEnvRunner(config=runner_config(evidence_policy_dir, world, judge, judge_retries=2))
+    first = runner.sample()
+    metrics = runner.get_metrics()
+    held = int(metrics["judge_held_groups"])
+    assert held >= 1 and len(first) == 6 - 2 * held  # groups that needed no judge go on
+    assert all(r.reward_components.get("judge_error", 0.0) == 0.0 for r in first)
+    second = runner.sample()
+    metrics = runner.get_metrics()
+    assert len(second) == 6 + 2 * held and int(metrics["judge_recovered_groups"]) == held
+    assert int(metrics["judge_unjudged_groups"]) == 0 and runner.judge.calls == 3  # the sample, the retry
+    judged = with_evidence(second)
+    assert judged and all(r.reward_components["judge_error"] == 0.0 for r in judged)
+    assert all(r.evidence_answer == "Velmora" and "evidence" not in r.reward_notes for r in judged)
+    assert len({r.group_id for r in second}) == 3 + held  # whole groups
+
+
+def test_a_group_whose_judge_stays_down_is_trained_unjudged_after_its_retries(
+    service, evidence_policy_dir, world
+):
+    judge = FlakyJudge("all")
+    runner = LLMEnvRunner(config=runner_config(evidence_policy_dir, world, judge, judge_retries=1))
+    assert runner.sample() == []  # every group waits for the judge
+    assert int(runner.get_metrics()["judge_held_groups"]) == 3
+    released = runner.sample()  # the first sample's groups, after their one retry; the second's wait
+    metrics = runner.get_metrics()
+    assert len(released) == 6 and int(metrics["judge_unjudged_groups"]) == 3
+    judged = with_evidence(released)
+    assert judged and all(r.reward_components["judge_error"] == 1.0 for r in judged)
+    assert all(r.reward_components["evidence_f1"] == 0.0 for r in judged)  # never scored as right
+
+
+def test_an_iteration_whose_groups_all_wait_samples_again(service, two_answer_policy_dir):
+    """A GRPO iteration whose first sample was held back whole samples again, and trains on both samples'
+    groups once the judge answers."""
+    algo = two_answer_grpo_config(two_answer_policy_dir, FlakyJudge({1})).build_algo()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    runners, learner = result["env_runners"], result["learners"]["default_policy"]
+    assert runners["judge_held_groups"] == 2 and runners["judge_recovered_groups"] == 2
+    assert runners["num_episodes"] == 16  # two samples of 8 episodes, all trained
+    assert np.isfinite(learner["policy_loss"])

@@ -188,9 +188,9 @@ def test_serve_config_yaml_builds_the_app(index_dir):
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    config_path = Path(__file__).parents[1] / "tuned_examples" / "serve_retriever.yaml"
+    config_path = Path(__file__).parents[1] / "tuned_examples" / "serve_gpu.yaml"
     config = ServeDeploySchema.parse_obj(yaml.safe_load(config_path.read_text()))
-    app_config = config.applications[0]
+    (app_config,) = [app for app in config.applications if app.name == "retriever"]
     assert app_config.import_path == "rllib_search.serve.retrieval.deployment:build_retriever_app"
     args = {**app_config.args, "index_dir": str(index_dir), "encoder": "all-minilm-l6-v2"}
     app = build_retriever_app(args)

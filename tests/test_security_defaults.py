@@ -1,9 +1,11 @@
 """Security defaults: what our commands start binds 127.0.0.1 unless told otherwise, exposure is warned
-about, and shipped Serve configs stay on loopback (docs/security.md)."""
+about, shipped Serve configs stay on loopback, and the Prometheus metrics port of a local Ray listens
+where docs/security.md says (all interfaces, unless the node's IP is a loopback address)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import psutil
@@ -37,7 +39,7 @@ def test_high_throughput_mode_states_its_all_interfaces_binding():
     assert "ALL interfaces" in line and "30000-31000" in line
 
 
-@pytest.mark.parametrize("name", ["serve_retriever.yaml", "serve_judge.yaml", "serve_judge_llm.yaml"])
+@pytest.mark.parametrize("name", ["serve_cpu.yaml", "serve_gpu.yaml", "serve_gpu_llm.yaml"])
 def test_shipped_serve_configs_bind_loopback(name):
     config = yaml.safe_load((ROOT / "tuned_examples" / name).read_text())
     assert config["http_options"]["host"] == "127.0.0.1"
@@ -54,3 +56,28 @@ def test_serve_http_listens_on_loopback_only(service):
         if c.status == "LISTEN" and c.laddr.port == port
     }
     assert listening == {"127.0.0.1"}
+
+
+def _listening(port: int) -> set[str]:
+    return {
+        c.laddr.ip
+        for c in psutil.net_connections(kind="inet")
+        if c.status == "LISTEN" and c.laddr.port == port
+    }
+
+
+@pytest.mark.slow
+def test_the_metrics_port_listens_where_docs_security_says(ray_cluster):
+    """Ray binds its Prometheus exporter (``_metrics_export_port``, the port ``recipes/jobs.py`` prints) to
+    127.0.0.1 only when the node's IP is a loopback address; on a Linux node with a network address it
+    listens on all interfaces, with no authentication (docs/security.md)."""
+    import ray
+
+    (node,) = [node for node in ray.nodes() if node.get("Alive")]
+    port = node.get("MetricsExportPort")
+    assert port, node
+    deadline = time.monotonic() + 60  # the node's agent opens it after the node registers
+    while not _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    loopback = node["NodeManagerAddress"] in ("127.0.0.1", "localhost", "::1")
+    assert _listening(port) == ({"127.0.0.1"} if loopback else {"0.0.0.0"})

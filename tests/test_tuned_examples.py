@@ -4,14 +4,11 @@ tables and resume, and an example submitted with the Job Submission API to a `ra
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import pytest
 
 from rllib_search.llm.models import cpu_precision, decide_cpu_precision, describe_cpu
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from tests.helpers import tuned_example
+from tests.helpers import RayHead, tuned_example
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +239,7 @@ def test_every_tuned_example_runs_its_smoke_path(name, tiny_policy, tmp_path):
     held-out evaluation, a checkpoint, summary.json and training.png (a tiny policy stands in for SmolLM2)."""
     out = tmp_path / "out"
     stdout = run_example(name, "--smoke", "--model", tiny_policy, "--out", str(out), "--num-cpus", "2")
-    assert "Ray dashboard: http://127.0.0.1:" in stdout and "Prometheus metrics: http://127.0.0.1:" in stdout
+    assert "Ray dashboard: http://127.0.0.1:" in stdout and "Prometheus metrics: http://" in stdout
     iterations = assert_smoke_outputs(out, 2 if name == "r1_searcher" else 1)
     if name == "r1_searcher":
         assert [row["reward_stage"] for row in iterations] == [0, 1]
@@ -276,12 +273,27 @@ def test_the_lambda_sweep_writes_its_tables_and_resumes(tiny_policy, tmp_path):
     ]
     assert all(0.0 <= float(r["held_out_em"]) <= 1.0 for r in rows)
     assert all(int(r["iterations"]) == 1 for r in rows)
+    assert all(r["design"] == "one-at-a-time" for r in rows)
     table = (out / "results.md").read_text()
     assert "Mean over seeds" in table and "| 0.600 | 0.000 | 2 |" in table
+    assert "Design: one-at-a-time: λ_f [0.2, 0.6] at λ_r = 0, then λ_r [0.0] at λ_f = 0.2" in table
+    assert "## Best (one-at-a-time design)" in table
+    assert "best trial (`ResultGrid.get_best_result()`)" in table
     assert (out / "curves.png").stat().st_size > 0
+    assert json.loads((out / "tune" / "sweep_spec.json").read_text())["seeds"] == [0, 1]
     # Run again: the finished experiment is restored, not retrained.
     stdout = run_example("lambda_sweep", *argv)
-    assert "resuming the sweep" in stdout
+    assert "resuming the λ sweep" in stdout
+    with (out / "results.csv").open() as handle:
+        assert list(csv.DictReader(handle)) == rows
+    # Another grid into the same --out: refused, the difference named, the sweep kept.
+    another = [*argv, "--lambda-format", "0.2,0.4"]
+    command = [sys.executable, str(ROOT / "tuned_examples" / "lambda_sweep.py"), *another]
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    refused = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "lambda_format: recorded [0.2, 0.6], asked [0.2, 0.4]" in refused.stderr
+    assert "--fresh" in refused.stderr
     with (out / "results.csv").open() as handle:
         assert list(csv.DictReader(handle)) == rows
 
@@ -291,34 +303,13 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
     """`ray start --head` on 127.0.0.1, then the README's `RAY_AUTH_MODE=token ray job submit --working-dir .
     -- python tuned_examples/...`: the job joins the cluster without passing resources, SUCCEEDS (the CLI
     waits for it through the Job Submission API) and writes its outputs."""
-    import signal
-
-    import psutil
-
-    from rllib_search.serve.http.ports import free_port
 
     ray_cli = str(Path(sys.executable).parent / "ray")
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # As in an activated venv: the job's `python` is this interpreter.
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
-    gcs_port, dashboard_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
-    # Its own temp dir: `ray start` records its address there, not in /tmp/ray where every later `ray.init()`
-    # on this machine would find it (and, once this head is gone, fail to reach it). Short: socket paths.
-    temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
-    head = subprocess.Popen(
-        [
-            ray_cli,
-            *("start", "--head", "--block", "--temp-dir", temp_dir),
-            *("--node-ip-address", "127.0.0.1", "--port", str(gcs_port)),
-            *("--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port), "--num-cpus", "2"),
-            # Every fixed default port elsewhere: the test session's own Ray already holds them.
-            *("--dashboard-agent-listen-port", str(agent_port), "--ray-client-server-port", str(client_port)),
-        ],
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    head = RayHead("rayjob", environment)
+    dashboard_port = head.dashboard_port
     out = tmp_path / "job_out"
     submit = [
         ray_cli,
@@ -353,14 +344,11 @@ def test_an_example_submitted_with_ray_job_submit_succeeds(tiny_policy, tmp_path
         assert done.returncode == 0, logs[-4000:]
         assert "succeeded" in logs and "Connecting to existing Ray cluster" in logs
         assert "iter   1/1" in logs and "Ray dashboard: http://127.0.0.1:" in logs
-        assert "Prometheus metrics: http://127.0.0.1:" in logs
+        assert "Prometheus metrics: http://" in logs
         assert_smoke_outputs(out, 1)
         assert (out / "checkpoint").is_dir()
     finally:
-        for process in [head, *psutil.Process(head.pid).children(recursive=True)]:
-            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
-                process.send_signal(signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        head.stop()
 
 
 def test_a_relative_out_becomes_absolute(tmp_path, monkeypatch):

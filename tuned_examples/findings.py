@@ -48,7 +48,7 @@ from typing import Any
 from rllib_search.recipes import r_search_grpo, search_r1_grpo
 from rllib_search.recipes.findings import check as checking
 from rllib_search.recipes.findings import study
-from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.jobs import RecipeJob, job_arguments, output_directory
 from rllib_search.recipes.sweeps import fit_or_restore, restored_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     findings = [finding for finding in findings if arms[finding.key]]
-    default_out = "runs/findings_check" if args.check else "runs/findings"
-    out = Path(args.out or default_out).resolve()  # Tune reads results back by absolute path
+    # Absolute (Tune reads results back by path) and, in a submitted job, outside its working directory.
+    out = output_directory("findings_check" if args.check else "findings", args.out)
     args.out = str(out)  # the job's folder too
     markdown = Path(args.markdown or (out / "findings.md" if args.smoke else ROOT / "docs" / "findings.md"))
     json_path = Path(

@@ -9,6 +9,8 @@ The stage is in every result (``env_runners/reward_stage``) and in checkpoints.
         --data stage1.parquet --stage2-data stage2.parquet --held-out test.parquet
     python tuned_examples/r1_searcher.py --smoke       # 2 iterations: one per stage, minutes
     python tuned_examples/r1_searcher.py --embedded    # warm start + 20 iterations on CPU
+
+The same job as ``rllib-search train r1_searcher`` (its flags: ``rllib_search/recipes/train_cli.py``).
 """
 
 from __future__ import annotations
@@ -16,33 +18,13 @@ from __future__ import annotations
 import sys
 
 from rllib_search.recipes import r1_searcher_reinforce_pp
-from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.train_cli import train
 
 config = r1_searcher_reinforce_pp(dataset="stage1.parquet", stage2_dataset="stage2.parquet")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_arguments(__doc__, iterations=150, smoke_iterations=2)
-    parser.add_argument("--stage2-data", help="stage-2 questions (default: the same as --data)")
-    parser.add_argument("--stage1-iterations", type=int, help="iterations of stage 1 (paper: 6; smoke: 1)")
-    parser.add_argument(
-        "--stage1-threshold", type=float, help="leave stage 1 once env_runners/reward/retrieval reaches this"
-    )
-    args = parser.parse_args(argv)
-    if args.embedded and args.iterations is None:
-        args.iterations = 20
-    with RecipeJob("r1_searcher", args) as job:
-        recipe = r1_searcher_reinforce_pp(
-            dataset=job.dataset,
-            stage2_dataset=args.stage2_data,
-            retriever=job.retriever(),
-            scale=job.scale,
-            model=args.model,
-            stage1_iterations=args.stage1_iterations or (1 if args.smoke else None),
-            stage1_threshold=args.stage1_threshold,
-        )
-        job.train(job.prepared(recipe))
-    return 0
+    return train("r1_searcher", argv)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ Deploy the judge first (either way):
 
     rllib-search serve judge --engine vllm --model meta-llama/Llama-3.2-3B-Instruct --num-gpus 1 \\
         --temperature 0.1
-    serve deploy tuned_examples/serve_judge_llm.yaml     # Ray Serve LLM; then --judge-url .../judge/v1
+    serve deploy tuned_examples/serve_gpu_llm.yaml       # Ray Serve LLM; then --judge-url .../judge/v1
 
     RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
         python tuned_examples/r_search_grpo.py --data 2wiki_train.parquet --held-out test.parquet
     python tuned_examples/r_search_grpo.py --smoke       # SmolLM2 policy, Gemma-3-270M judge, minutes
     python tuned_examples/r_search_grpo.py --embedded    # warm start + 20 iterations on CPU
+
+The same job as ``rllib-search train r_search_grpo`` (its flags: ``rllib_search/recipes/train_cli.py``).
 """
 
 from __future__ import annotations
@@ -21,27 +23,13 @@ from __future__ import annotations
 import sys
 
 from rllib_search.recipes import r_search_grpo
-from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.train_cli import train
 
 config = r_search_grpo(dataset="2wiki_train.parquet")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_arguments(__doc__, iterations=195)
-    parser.add_argument("--judge-url", help="an OpenAI-compatible judge base URL (default: the Serve app)")
-    parser.add_argument("--judge-model", help="the `model` name a --judge-url server expects")
-    args = parser.parse_args(argv)
-    if args.embedded and args.iterations is None:
-        args.iterations = 20
-    with RecipeJob("r_search_grpo", args) as job:
-        judge = job.judge(args.judge_url)
-        if args.judge_model:
-            judge["model"] = args.judge_model
-        recipe = r_search_grpo(
-            dataset=job.dataset, retriever=job.retriever(), judge=judge, scale=job.scale, model=args.model
-        )
-        job.train(job.prepared(recipe))
-    return 0
+    return train("r_search_grpo", argv)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@
 with 28.5% warmup, k3 KL 0.001, 4 vLLM EnvRunners and 4 learners with a GPU each (bf16 autocast over fp32
 master weights; ``recipes/scales.py``), the E5 retriever on Ray Serve.
 
-    # on a GPU cluster (the retriever app deployed: serve deploy tuned_examples/serve_retriever.yaml)
+    # on a GPU cluster (the retriever app deployed: serve deploy tuned_examples/serve_gpu.yaml)
     RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
         python tuned_examples/search_r1_grpo.py --data nq_hotpotqa_train.parquet --held-out test.parquet
     # the same code path on the embedded default (bundled SmolLM2, synthetic world, CPU), minutes
     python tuned_examples/search_r1_grpo.py --smoke
     python tuned_examples/search_r1_grpo.py --embedded --lambda-format 0.2   # warm start + 20 iterations
+
+The same job as ``rllib-search train search_r1_grpo`` (its flags: ``rllib_search/recipes/train_cli.py``).
 """
 
 from __future__ import annotations
@@ -17,30 +19,13 @@ from __future__ import annotations
 import sys
 
 from rllib_search.recipes import search_r1_grpo
-from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.train_cli import train
 
 config = search_r1_grpo(dataset="nq_hotpotqa_train.parquet")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_arguments(__doc__, iterations=1005)
-    parser.add_argument("--lambda-format", type=float, default=0.0, help="the empirical study's λ_f")
-    parser.add_argument("--lambda-retrieval", type=float, default=0.0, help="the empirical study's λ_r")
-    args = parser.parse_args(argv)
-    if args.embedded and args.iterations is None:
-        args.iterations = 20
-    with RecipeJob("search_r1_grpo", args) as job:
-        retriever = job.retriever()
-        recipe = search_r1_grpo(
-            dataset=job.dataset,
-            retriever=retriever,
-            scale=job.scale,
-            model=args.model,
-            lambda_format=args.lambda_format,
-            lambda_retrieval=args.lambda_retrieval,
-        )
-        job.train(job.prepared(recipe))
-    return 0
+    return train("search_r1_grpo", argv)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ vLLM EnvRunners and 4 learners with a GPU each (``recipes/scales.py``).
         python tuned_examples/search_r1_ppo.py --data nq_hotpotqa_train.parquet --held-out test.parquet
     python tuned_examples/search_r1_ppo.py --smoke        # the embedded default, minutes
     python tuned_examples/search_r1_ppo.py --embedded     # warm start + 20 iterations on CPU
+
+The same job as ``rllib-search train search_r1_ppo`` (its flags: ``rllib_search/recipes/train_cli.py``).
 """
 
 from __future__ import annotations
@@ -15,22 +17,13 @@ from __future__ import annotations
 import sys
 
 from rllib_search.recipes import search_r1_ppo
-from rllib_search.recipes.jobs import RecipeJob, job_arguments
+from rllib_search.recipes.train_cli import train
 
 config = search_r1_ppo(dataset="nq_hotpotqa_train.parquet")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_arguments(__doc__, iterations=305)
-    args = parser.parse_args(argv)
-    if args.embedded and args.iterations is None:
-        args.iterations = 20
-    with RecipeJob("search_r1_ppo", args) as job:
-        recipe = search_r1_ppo(
-            dataset=job.dataset, retriever=job.retriever(), scale=job.scale, model=args.model
-        )
-        job.train(job.prepared(recipe))
-    return 0
+    return train("search_r1_ppo", argv)
 
 
 if __name__ == "__main__":

@@ -298,7 +298,15 @@ class SearchAlgorithm(Algorithm):
 
     def sample_rollouts(self) -> list[Rollout]:
         """One ``sample()`` from every EnvRunner (in the reward schedule's current stage); their metrics go
-        under ``env_runners``."""
+        under ``env_runners``. Where the runners held back every group for the evidence judge
+        (``rollouts(judge_retries=N)``), they sample again: held groups come back within N samples."""
+        for _ in range(int(self.config.judge_retries) + 1):
+            rollouts = self._sample_once()
+            if rollouts:
+                return rollouts
+        return self._sample_once()
+
+    def _sample_once(self) -> list[Rollout]:
         group = self.env_runner_group
         stage = self.reward_schedule.index if self.reward_schedule is not None else None
         sampled = getattr(self, "_sampled_stage", None)

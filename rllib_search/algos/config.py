@@ -50,6 +50,8 @@ class SearchConfig(AlgorithmConfig):
         self.balance_by: str | None = None
         # DAPO's dynamic sampling: at most this many sample() rounds an iteration (0: off).
         self.dynamic_sampling_rounds = 0
+        # Samples a group whose evidence judge failed waits to be judged again (0: trained at once).
+        self.judge_retries = 2
         # Called on each sample's groups before they leave the runner (see rollouts()); None: none.
         self.group_hook: Any = None
         # Training (Search-R1's defaults; the subclasses in algos/grpo.py set each algorithm's own).
@@ -121,6 +123,7 @@ class SearchConfig(AlgorithmConfig):
         balance_by: str | Any | None = NotProvided,
         execution_temperature: float | Any | None = NotProvided,
         dynamic_sampling_rounds: int | Any = NotProvided,
+        judge_retries: int | Any = NotProvided,
         group_hook: Any = NotProvided,
     ) -> SearchConfig:
         """``group_size`` samples of each of ``prompts_per_sample`` prompts per ``sample()`` call of each
@@ -166,6 +169,15 @@ class SearchConfig(AlgorithmConfig):
         rewards as one round draws; the update trains on those alone (on the last round as sampled when no
         round gave one). ``env_runners/sample_rounds`` and ``env_runners/informative_groups`` say what each
         iteration took. Not with ``one_step_off``.
+
+        ``judge_retries`` (default 2; 0: off): a group with an episode whose evidence judge failed (R-Search)
+        is held back from its sample and judged again, with the other held groups in one call, at each of the
+        runner's next ``judge_retries`` samples; once judged it joins that sample, scored as if the judge had
+        answered the first time. A group still unjudged after that is trained with its evidence term at 0
+        (``judge_error`` 1), never scored as right. ``env_runners/judge_held_groups``,
+        ``judge_recovered_groups`` and ``judge_unjudged_groups`` count them. An iteration whose runners hold
+        back every group samples again. Held groups live in the runner's memory: a restarted runner drops
+        them.
 
         ``group_hook`` (None: none): a picklable callable ``hook(runner, episodes, rollouts) -> rollouts``
         that every EnvRunner calls on each sample's episodes before returning them, with ``episodes`` the
@@ -475,6 +487,8 @@ class SearchConfig(AlgorithmConfig):
                     "rollouts(execution_temperature=...) needs training(trained_turns=N): the turns it "
                     "samples differently must be ones the loss does not score"
                 )
+        if int(self.judge_retries) < 0:
+            raise ValueError(f"judge_retries must be >= 0, got {self.judge_retries}")
         if int(self.dynamic_sampling_rounds) < 0:
             raise ValueError(f"dynamic_sampling_rounds must be >= 0, got {self.dynamic_sampling_rounds}")
         if self.dynamic_sampling_rounds and self.one_step_off:

@@ -2,10 +2,12 @@
 
 - the synthetic multi-hop world (``data/synthetic.py``: a corpus and train/test questions whose answers
   cannot be known without retrieval), written once under ``cache_dir()/worlds``;
-- a BM25 index of its passages, built once beside it;
+- a BM25 index of its passages, built once beside it (``synthetic_world_index`` of
+  ``serve/retrieval/deployment.py``, which ``tuned_examples/serve_cpu.yaml`` serves too);
 - the retriever (``serve/retrieval/deployment.py``) and, for R-Search, the evidence judge
-(``serve/judge/deployment.py``, the
-  bundled Gemma-3-270M) as Ray Serve applications on 127.0.0.1, started only if they are not running;
+  (``serve/judge/deployment.py``, the bundled Gemma-3-270M) as Ray Serve applications of their own, named
+  for what they serve (``embedded-retriever-<index identity>``, ``embedded-judge-<model>``): a job reuses
+  such an app when it runs already, and never reuses nor deletes a user's ``retriever`` or ``judge``;
 - a warm start: masked SFT on teacher trajectories (zero-shot SmolLM2 never follows a search protocol,
   so RL from it alone gets no signal), exported as a Hugging Face directory that RL starts from.
 
@@ -14,6 +16,8 @@ Every function works in a job on an existing cluster (``ray job submit``) as wel
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +26,15 @@ from rllib_search.data.records import QARecord
 from rllib_search.recipes.scales import CPU_JUDGE
 from rllib_search.serve.http.ports import free_port
 
+# The app names of a user's own deployment (tuned_examples/serve_*.yaml), which paper-scale runs reach.
+# The embedded default serves its own apps (EMBEDDED_PREFIX...); given to stop_apps, these names stand for
+# the embedded apps this process started in that role.
 RETRIEVER_APP = "retriever"
 JUDGE_APP = "judge"
+EMBEDDED_PREFIX = "embedded-"
+# Statuses of a found app that this process may use as it is (others are deployed again).
+USABLE_STATUSES = ("RUNNING", "DEPLOYING")
+_started_here: dict[str, list[str]] = {RETRIEVER_APP: [], JUDGE_APP: []}
 
 
 @dataclass(frozen=True)
@@ -46,25 +57,27 @@ class EmbeddedWorld:
 
 def embedded_world(seed: int = 0) -> EmbeddedWorld:
     """The synthetic world of ``seed`` and its BM25 index, generated on first use and cached."""
-    from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
-    from rllib_search.llm.models import cache_dir
-    from rllib_search.serve.retrieval.build import ensure_index
+    from rllib_search.serve.retrieval.deployment import synthetic_world_index
 
-    root = cache_dir() / "worlds" / f"demo_seed{seed}"
-    paths = ensure_world(root, SyntheticWorldConfig(seed=seed))
-    index = root / "bm25_index"
-    ensure_index(paths["corpus_parquet"], index, kind="bm25", progress=False)
+    paths, index = synthetic_world_index(seed)
+    root = paths["world_json"].parent
     return EmbeddedWorld(root, paths["train_parquet"], paths["test_parquet"], paths["corpus_parquet"], index)
 
 
 def running_apps() -> set[str]:
-    """The Serve applications running in the connected cluster (empty when Serve is not started)."""
+    """The Serve applications in the connected cluster, whatever their status (empty when Serve is not
+    started)."""
+    return set(_app_statuses())
+
+
+def _app_statuses() -> dict[str, str]:
     from ray import serve
 
     try:
-        return set(serve.status().applications)
+        applications = serve.status().applications
     except Exception:  # Serve not started in this cluster
-        return set()
+        return {}
+    return {name: str(getattr(app.status, "value", app.status)) for name, app in applications.items()}
 
 
 def start_serve() -> None:
@@ -76,41 +89,72 @@ def start_serve() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
 
 
-def serve_retriever(index_dir: str | Path, *, num_cpus: float = 0.0) -> tuple[dict[str, Any], bool]:
-    """The retriever over ``index_dir`` as the Serve app ``retriever`` (started unless already running);
-    returns the env_config spec that reaches it in-cluster and whether this call started it."""
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def retriever_app_name(index_dir: str | Path) -> str:
+    """The embedded retriever's app name for ``index_dir``: ``embedded-retriever-`` and a digest of the
+    index's identity (kind, encoder, options, passage count, corpus checksum), so an app of that name
+    serves this index."""
+    from rllib_search.serve.retrieval.manifest import index_identity
+
+    return f"{EMBEDDED_PREFIX}retriever-{_digest(index_identity(index_dir))}"
+
+
+def judge_app_name(model: str) -> str:
+    """The embedded judge's app name for ``model``: ``embedded-judge-`` and a digest of the model's name."""
+    return f"{EMBEDDED_PREFIX}judge-{_digest(model)}"
+
+
+def _ensure_app(role: str, name: str, build: Any, route_prefix: str) -> bool:
+    """Run ``build()`` as the Serve app ``name`` under ``route_prefix`` unless an app of that name is
+    running or deploying; returns whether this call deployed it."""
     from ray import serve
 
+    if _app_statuses().get(name) in USABLE_STATUSES:
+        return False
+    start_serve()
+    serve.run(build(), name=name, route_prefix=route_prefix)
+    if name not in _started_here[role]:
+        _started_here[role].append(name)
+    return True
+
+
+def serve_retriever(index_dir: str | Path, *, num_cpus: float = 0.0) -> tuple[dict[str, Any], bool]:
+    """The retriever over ``index_dir`` as its own Serve app (:func:`retriever_app_name`, at the route
+    prefix of that name), started unless it runs already; returns the env_config spec that reaches it
+    in-cluster (its ``"app"`` is the app's name) and whether this call started it."""
     from rllib_search.serve.retrieval.deployment import build_retriever_app
 
-    started = RETRIEVER_APP not in running_apps()
-    if started:
-        start_serve()
-        app = build_retriever_app(
+    name = retriever_app_name(index_dir)
+
+    def build() -> Any:
+        return build_retriever_app(
             {"index_dir": str(index_dir), "num_replicas": 1, "ray_actor_options": {"num_cpus": num_cpus}}
         )
-        serve.run(app, name=RETRIEVER_APP, route_prefix="/")
-    return {"type": "serve", "app": RETRIEVER_APP, "timeout_s": 120}, started
+
+    started = _ensure_app(RETRIEVER_APP, name, build, f"/{name}")
+    return {"type": "serve", "app": name, "timeout_s": 120}, started
 
 
 def serve_judge(model: str = CPU_JUDGE, *, num_cpus: float = 0.0) -> tuple[dict[str, Any], bool]:
-    """The evidence judge ``model`` as the Serve app ``judge`` (started unless already running); returns the
-    env_config spec that reaches it in-cluster (plain completions, greedy) and whether this call started
-    it."""
-    from ray import serve
+    """The evidence judge ``model`` as its own Serve app (:func:`judge_app_name`, at the route prefix of
+    that name), started unless it runs already; returns the env_config spec that reaches it in-cluster
+    (plain completions, greedy; its ``"app"`` is the app's name) and whether this call started it."""
+    from rllib_search.serve.judge.deployment import build_judge_app
 
-    from rllib_search.serve.judge.deployment import ROUTE_PREFIX, build_judge_app
+    name = judge_app_name(model)
 
-    started = JUDGE_APP not in running_apps()
-    if started:
-        start_serve()
-        app = build_judge_app(
+    def build() -> Any:
+        return build_judge_app(
             {"model": model, "num_replicas": 1, "ray_actor_options": {"num_cpus": num_cpus}}
         )
-        serve.run(app, name=JUDGE_APP, route_prefix=ROUTE_PREFIX)
+
+    started = _ensure_app(JUDGE_APP, name, build, f"/{name}")
     return {
         "type": "serve",
-        "app": JUDGE_APP,
+        "app": name,
         "api": "completions",
         "max_tokens": 32,
         "timeout_s": 300,
@@ -118,11 +162,22 @@ def serve_judge(model: str = CPU_JUDGE, *, num_cpus: float = 0.0) -> tuple[dict[
 
 
 def stop_apps(names: list[str]) -> None:
-    """Delete the Serve applications this job started (those it found running stay)."""
+    """Delete the Serve applications this job started (those it found running stay): names from the
+    specs :func:`serve_retriever` and :func:`serve_judge` returned, or ``RETRIEVER_APP`` / ``JUDGE_APP``
+    for the embedded apps of that role this process started. A user's apps of those names are never
+    deleted."""
     from ray import serve
 
     for name in names:
-        serve.delete(name)
+        if name in _started_here:
+            targets, _started_here[name][:] = list(_started_here[name]), []
+        else:
+            targets = [name]
+            for started in _started_here.values():
+                if name in started:
+                    started.remove(name)
+        for target in targets:
+            serve.delete(target)
 
 
 def warm_start(

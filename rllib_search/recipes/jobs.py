@@ -12,11 +12,34 @@
   services (``--data``, ``--retriever-url`` or the in-cluster Serve apps);
 - trains with a line per iteration, checkpoints (every ``--checkpoint-every`` iterations under
   ``--out``/checkpoints, the last ``--keep-last`` kept, each written atomically; and at the end to
-  ``--out``/checkpoint), writes ``summary.json`` and ``training.png`` under ``--out``, and deletes the Serve
-  apps it started;
-- with ``--resume``, continues a run that died (the driver killed, the machine lost) from its newest
-  periodic checkpoint: same weights, optimizer, iteration count and data position of every EnvRunner; the
-  iteration rows before it come back from ``history.jsonl``.
+  ``--out``/checkpoint), writes ``history.jsonl`` (a row per iteration, as it goes), ``summary.json`` and
+  ``training.png`` under ``--out``, and deletes the Serve apps it started;
+- with ``--resume``, continues the run under ``--out`` (the driver killed, the machine lost, or a finished
+  run asked for more ``--iterations``) from its newest checkpoint, periodic or final, whichever holds the
+  later iteration: same weights, optimizer, iteration count and data position of every EnvRunner; the
+  iteration rows up to it stay in ``history.jsonl``, and it trains only the iterations still missing.
+
+Where the outputs go (:func:`output_directory`): ``--out`` is made absolute at the start, and the job prints
+it at the start and at the end. Standalone, the default is ``runs/<example>`` under the working directory.
+A job submitted with ``ray job submit --working-dir .`` runs in Ray's temporary unpacked copy of that
+directory (under the Ray session's ``runtime_resources``), which Ray deletes later: there the default is
+``~/rllib_search_runs/<example>`` on the node that runs the driver (the head node), and a relative
+``--out`` is taken under ``~/rllib_search_runs`` too. ``RLLIB_SEARCH_RUNS=/some/dir`` puts the default at
+``/some/dir/<example>`` in both cases (pass it to a job with ``--runtime-env-json
+'{"env_vars": {"RLLIB_SEARCH_RUNS": "/some/dir"}}'``). A job is recognised by the variables Ray sets for
+its driver (``RAY_JOB_CONFIG_JSON_ENV_VAR``, or ``RAY_JOB_ID``) or by a working directory inside Ray's
+session directory.
+
+Checkpoints by default: every 10 iterations at paper scale, every 5 with ``--embedded`` and every
+iteration with ``--smoke``; ``--checkpoint-every 0`` keeps only the final checkpoint. A new run (no
+``--resume``) into an ``--out`` that holds an earlier run's checkpoints stops and says so (``--resume``
+continues that run; another ``--out`` starts elsewhere), except under ``--smoke``, which starts over in
+place. ``history.jsonl`` is never emptied: rows of a run that left no checkpoint to resume from are kept as
+``history.<time>.jsonl`` beside it.
+
+Tune sweeps (``recipes/sweeps.py``; ``lambda_sweep.py`` and ``findings.py``) keep their experiment under
+``--out``: a sweep whose trials run on several nodes needs ``--out`` on storage every node mounts at the
+same path (NFS or the like), or the trials' checkpoints and results are scattered over the nodes' disks.
 
 Ray 2.60's token authentication: ``ray job submit`` to a cluster started with ``ray start`` needs
 ``RAY_AUTH_MODE=token`` in the submitting shell (the CLI then reads ``~/.ray/auth_token``, which ``ray
@@ -28,6 +51,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,10 +88,12 @@ def connect(num_cpus: int | None = None, *, metrics_port: int | None = None) -> 
     if url:
         url = url if str(url).startswith("http") else f"http://{url}"
         lines.append(f"Ray dashboard: {url} (token: `ray get-auth-token`; Jobs, Serve, Metrics)")
-    ports = [node.get("MetricsExportPort") for node in ray.nodes() if node.get("Alive")]
-    if ports and ports[0]:
+    nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("MetricsExportPort")]
+    if nodes:
+        host, port = nodes[0].get("NodeManagerAddress") or "127.0.0.1", nodes[0]["MetricsExportPort"]
+        exposure = "" if host.startswith("127.") else "; Ray binds it on every interface, unauthenticated"
         lines.append(
-            f"Prometheus metrics: http://127.0.0.1:{ports[0]}/metrics (rllib_search_*, docs/grafana)"
+            f"Prometheus metrics: http://{host}:{port}/metrics (rllib_search_*, docs/grafana{exposure})"
         )
     return lines
 
@@ -86,7 +113,11 @@ def job_arguments(description: str, *, iterations: int, smoke_iterations: int = 
     parser.add_argument(
         "--iterations", type=int, help=f"training iterations (default {iterations}; smoke {smoke_iterations})"
     )
-    parser.add_argument("--out", help="output directory (default runs/<example>)")
+    parser.add_argument(
+        "--out",
+        help="output directory (default runs/<example>; as a submitted Ray job "
+        "~/rllib_search_runs/<example>; $RLLIB_SEARCH_RUNS/<example> when set)",
+    )
     parser.add_argument("--model", help="policy: alias, hub name or local path (default: the recipe's)")
     parser.add_argument(
         "--data", help="training questions (Search-R1 parquet or FlashRAG jsonl); paper scale"
@@ -101,12 +132,15 @@ def job_arguments(description: str, *, iterations: int, smoke_iterations: int = 
     parser.add_argument(
         "--checkpoint-every",
         type=int,
-        default=0,
-        help="checkpoint every N iterations under OUT/checkpoints (0: only at the end, to OUT/checkpoint)",
+        default=None,
+        help="checkpoint every N iterations under OUT/checkpoints (default: 10 at paper scale, 5 with "
+        "--embedded, 1 with --smoke; 0: only at the end, to OUT/checkpoint)",
     )
     parser.add_argument("--keep-last", type=int, default=3, help="periodic checkpoints kept (0: all)")
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint under OUT/checkpoints"
+        "--resume",
+        action="store_true",
+        help="continue the run under OUT from its newest checkpoint (periodic or final) up to --iterations",
     )
     parser.set_defaults(default_iterations=iterations, smoke_iterations=smoke_iterations)
     return parser
@@ -118,19 +152,28 @@ class RecipeJob:
     def __init__(self, name: str, args: argparse.Namespace) -> None:
         self.name = name
         self.args = args
-        # Absolute: Tune trials and Serve replicas run in other working directories.
-        self.out = Path(args.out or f"runs/{name}").resolve()
+        self.submitted = submitted_job()
+        # Absolute (Tune trials and Serve replicas run in other working directories), and outside a submitted
+        # job's temporary working directory (see the module docstring).
+        self.out = output_directory(name, args.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        args.out = str(self.out)
         self.started = time.perf_counter()
         self.scale = "paper" if not (args.smoke or args.embedded) else "cpu"
         self.iterations = args.iterations or (
             args.smoke_iterations if args.smoke else args.default_iterations
         )
+        every = getattr(args, "checkpoint_every", None)
+        self.checkpoint_every = every if every is not None else default_checkpoint_every(args)
         self._started_apps: list[str] = []
         self.world: embedded.EmbeddedWorld | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def __enter__(self) -> RecipeJob:
+        where = f" ({self.submitted}: outside its temporary working directory)" if self.submitted else ""
+        self.say(f"output directory: {self.out}{where}")
+        if not getattr(self.args, "resume", False):
+            self._start_over()
         for line in connect(self.args.num_cpus, metrics_port=self.args.metrics_port):
             self.say(line)
         if self.scale == "cpu":
@@ -139,7 +182,10 @@ class RecipeJob:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        embedded.stop_apps(self._started_apps)
+        try:
+            embedded.stop_apps(self._started_apps)
+        finally:
+            self.say(f"output directory: {self.out}")
 
     def say(self, message: str) -> None:
         print(f"[{time.perf_counter() - self.started:7.1f}s] {message}", flush=True)
@@ -251,33 +297,48 @@ class RecipeJob:
 
     # --- training ----------------------------------------------------------------------------------------
     def train(self, config: Any) -> dict[str, Any]:
-        """Build the Algorithm (restored from the newest periodic checkpoint under ``--resume``), train up to
-        ``self.iterations`` iterations with a line each, checkpoint, and write ``summary.json`` and
-        ``training.png``; returns the summary."""
+        """Build the Algorithm (under ``--resume``, restored from the run's newest checkpoint: see
+        :meth:`resume_point`), train up to ``self.iterations`` iterations with a line each, checkpoint, and
+        write ``summary.json`` and ``training.png``; returns the summary. A resumed run that is already at
+        ``self.iterations`` with its outputs written trains nothing and keeps them."""
         from rllib_search.algos.checkpoints.periodic import save_atomically
+
+        resume = bool(getattr(self.args, "resume", False))
+        final = self.out / "checkpoint"
+        start = self.resume_point() if resume else None
+        if start is not None and start[1] >= self.iterations:
+            finished = self._finished_summary(*start)
+            if finished is not None:
+                self.say(
+                    f"--resume: {start[0]} is at iteration {start[1]} ({self.iterations} asked for): nothing "
+                    f"left to do; its outputs are kept (--iterations N trains on to N)"
+                )
+                return finished
 
         config = config.debugging(seed=self.args.seed).dashboard_metrics(run_name=self.name)
         if self.held_out is not None:
             config = config.held_out(dataset=self.held_out)
-        if self.args.checkpoint_every:
+        if self.checkpoint_every:
             config = config.checkpointing(
                 directory=str((self.out / "checkpoints").resolve()),
-                every_n_iterations=self.args.checkpoint_every,
+                every_n_iterations=self.checkpoint_every,
                 keep_last=self.args.keep_last,
             )
         algo = config.build_algo()
         history_file = self.out / "history.jsonl"
-        history: list[dict[str, Any]] = []
-        if getattr(self.args, "resume", False):
-            restored = algo.restore_latest(self.out / "checkpoints")
-            if restored is None:
-                self.say(f"--resume: no checkpoint under {self.out / 'checkpoints'}: starting afresh")
-            else:
-                self.say(f"resumed from {restored} at iteration {algo.iteration}")
-                history = [row for row in read_history(history_file) if row["iteration"] <= algo.iteration]
-        history_file.write_text("".join(json.dumps(row) + "\n" for row in history))
         checkpoint = None
         try:
+            if start is not None:
+                algo.restore_from_path(str(start[0]))
+                self.say(f"resumed from {start[0]} at iteration {algo.iteration}")
+                history = self._resumed_history(history_file, algo.iteration)
+                if algo.iteration >= self.iterations:
+                    self.say(f"at iteration {algo.iteration}, {self.iterations} asked for: nothing to train")
+            else:
+                if resume:
+                    self.say(f"--resume: no checkpoint under {self.out}: starting afresh")
+                history = self._fresh_history(history_file)
+            restored = algo.iteration if start is not None else None
             while algo.iteration < self.iterations:
                 result = algo.train()
                 row = iteration_row(algo.iteration, result)
@@ -285,7 +346,10 @@ class RecipeJob:
                 with history_file.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 self.say(format_row(row, self.iterations))
-            checkpoint = save_atomically(algo, self.out / "checkpoint")
+            if start is not None and start[0] == final and algo.iteration == restored:
+                checkpoint = final  # it holds this very state
+            else:
+                checkpoint = save_atomically(algo, final)
         finally:
             algo.stop()
         summary = {
@@ -301,6 +365,159 @@ class RecipeJob:
             f"checkpoint {checkpoint}; wrote {self.out / 'summary.json'} and {self.out / 'training.png'}"
         )
         return summary
+
+    def resume_point(self) -> tuple[Path, int] | None:
+        """The checkpoint ``--resume`` continues from and its iteration: the newest periodic one under
+        ``--out``/checkpoints or the final ``--out``/checkpoint, whichever holds the later iteration (the
+        final one on a tie); None when the run has neither. An iteration that cannot be read counts as -1
+        (the restore then names what is wrong)."""
+        from rllib_search.algos.checkpoints.periodic import (
+            checkpoint_iteration,
+            latest_checkpoint,
+            recover_checkpoint,
+            remove_leftovers,
+        )
+
+        for directory in (self.out, self.out / "checkpoints"):  # what interrupted saves left, recovered first
+            remove_leftovers(directory)
+        found = []
+        for rank, path in enumerate(
+            (latest_checkpoint(self.out / "checkpoints"), recover_checkpoint(self.out / "checkpoint"))
+        ):
+            if path is not None:
+                iteration = checkpoint_iteration(path)
+                found.append((iteration if iteration is not None else -1, rank, path))
+        if not found:
+            return None
+        iteration, _, path = max(found)
+        return path, iteration
+
+    def _finished_summary(self, path: Path, iteration: int) -> dict[str, Any] | None:
+        """The summary of a finished run whose final checkpoint is ``path`` at ``iteration``, or None when
+        ``path`` is not the final checkpoint or the run's outputs do not go as far."""
+        summary_file = self.out / "summary.json"
+        if path != self.out / "checkpoint" or not summary_file.exists():
+            return None
+        try:
+            summary = json.loads(summary_file.read_text())
+            rows = summary["iterations"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        last = rows[-1]["iteration"] if rows else 0
+        return summary if last == iteration else None
+
+    def _resumed_history(self, history_file: Path, iteration: int) -> list[dict[str, Any]]:
+        """The rows up to ``iteration`` (those after it are trained again); the file is rewritten, atomically,
+        only when it holds more (or a line that a kill cut short)."""
+        rows = read_history(history_file)
+        kept = [row for row in rows if row["iteration"] <= iteration]
+        text = "".join(json.dumps(row) + "\n" for row in kept)
+        if not history_file.exists() or history_file.read_text() != text:
+            write_atomically(history_file, text)
+        if len(rows) > len(kept):
+            self.say(
+                f"history: {len(kept)} rows kept; {len(rows) - len(kept)} after iteration {iteration} dropped"
+            )
+        if kept and kept[-1]["iteration"] < iteration:
+            self.say(f"history: {history_file} has rows up to iteration {kept[-1]['iteration']} only")
+        return kept
+
+    def _fresh_history(self, history_file: Path) -> list[dict[str, Any]]:
+        """An empty history for a run starting at iteration 0; rows already there are kept aside."""
+        if read_history(history_file):
+            aside = history_file.with_name(f"history.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+            history_file.rename(aside)
+            self.say(f"history: the earlier rows are kept in {aside}")
+        history_file.write_text("")
+        return []
+
+    def _start_over(self) -> None:
+        """A new run (no ``--resume``) in an ``--out`` that holds an earlier run's checkpoints: stop and say
+        so (``--resume`` continues it), except under ``--smoke``, whose runs start over in place."""
+        from rllib_search.algos.checkpoints.periodic import (
+            checkpoints,
+            discard_checkpoint,
+            recover_checkpoint,
+        )
+
+        earlier = checkpoints(self.out / "checkpoints")
+        final = recover_checkpoint(self.out / "checkpoint", wait_s=0.0)
+        earlier += [final] if final is not None else []
+        if not earlier:
+            return
+        if not self.args.smoke:
+            raise SystemExit(
+                f"{self.out} holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}): "
+                f"--resume continues it (up to --iterations); to start over, delete "
+                f"{self.out / 'checkpoints'} and {self.out / 'checkpoint'}, or pass another --out"
+            )
+        for path in earlier:
+            discard_checkpoint(path)
+        self.say(f"--smoke: starting over in {self.out} (the earlier run's checkpoints deleted)")
+
+
+def default_checkpoint_every(args: argparse.Namespace) -> int:
+    """Iterations between periodic checkpoints when ``--checkpoint-every`` is not given: every iteration of
+    a ``--smoke`` run, every 5 with ``--embedded`` and every 10 at paper scale (a paper-scale checkpoint of
+    a 3B policy with its optimizer takes minutes and tens of GB)."""
+    if args.smoke:
+        return 1
+    return 5 if args.embedded else 10
+
+
+def submitted_job() -> str | None:
+    """``"Ray job <id>"`` when this driver runs as a submitted Ray job (``ray job submit``), else None. A job
+    is recognised by what Ray sets for its driver (``RAY_JOB_CONFIG_JSON_ENV_VAR``; ``RAY_JOB_ID``) or by
+    a working directory inside a Ray session's directory (the unpacked ``--working-dir``)."""
+    config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if config:
+        try:
+            metadata = json.loads(config).get("metadata") or {}
+        except (ValueError, AttributeError):
+            metadata = {}
+        return f"Ray job {metadata.get('job_submission_id') or metadata.get('job_name') or ''}".strip()
+    if os.environ.get("RAY_JOB_ID"):
+        return f"Ray job {os.environ['RAY_JOB_ID']}"
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:
+        return None
+    parts = cwd.parts
+    in_package = "runtime_resources" in parts or any(part.startswith("_ray_pkg_") for part in parts)
+    ray_temp = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()).resolve() / "ray"
+    in_session = cwd.is_relative_to(ray_temp) and any(part.startswith("session_") for part in parts)
+    return "a Ray job" if in_package or in_session else None
+
+
+def output_directory(name: str, out: str | None) -> Path:
+    """Where a run of example ``name`` writes, absolute: ``out`` when given (relative to the working
+    directory; in a submitted Ray job, to the runs directory), else ``<runs directory>/<name>``. The runs
+    directory is ``$RLLIB_SEARCH_RUNS`` when set, else ``runs`` standalone and ``~/rllib_search_runs`` in a
+    submitted job (whose working directory Ray deletes)."""
+    job = submitted_job() is not None
+    configured = os.environ.get("RLLIB_SEARCH_RUNS")
+    if configured:
+        runs = Path(configured).expanduser()
+        runs = runs if runs.is_absolute() or not job else Path.home() / runs
+    else:
+        runs = Path.home() / "rllib_search_runs" if job else Path("runs")
+    if out is None:
+        path = runs / name
+    else:
+        path = Path(out).expanduser()
+        if job and not path.is_absolute():
+            path = runs / path
+    return path.resolve()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path``'s contents with ``text`` by a rename: a kill leaves the old contents or the new."""
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(temp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ tokens are masked, the model's own evidence tokens are trained (section 3.2.3: t
 so the loss mask keeps them).
 
 The judge is a service: ``rllib-search serve judge`` (our deployment, HF on CPU or ``--engine vllm``), or
-Ray Serve LLM (``tuned_examples/serve_judge_llm.yaml``) reached through ``{"type": "url", "api": "chat"}``.
+Ray Serve LLM (``tuned_examples/serve_gpu_llm.yaml``) reached through ``{"type": "url", "api": "chat"}``.
 """
 
 from __future__ import annotations

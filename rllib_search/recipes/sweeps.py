@@ -1,8 +1,10 @@
 """What the Ray Tune studies of ``tuned_examples/`` share (``lambda_sweep.py``, ``findings.py``).
 
 - :func:`fit_or_restore`: fit a Tune experiment of an RLlib Algorithm, or resume it from its checkpoints
-  (``tune.Tuner.restore``) when it exists under the storage directory; :func:`restored_results` reads a
-  finished (or partial) experiment's results without training;
+  (``tune.Tuner.restore``) when it exists under the storage directory; given a ``spec`` (what the study
+  sweeps: its grid, seeds, iterations), it records the spec in the experiment directory and resumes only an
+  experiment that recorded the same one (:func:`check_spec`; :class:`SpecMismatch` names the differences);
+  :func:`restored_results` reads a finished (or partial) experiment's results without training;
 - :func:`markdown_table`: rows of dicts as a markdown table;
 - :func:`metric_curve` and :func:`plot_mean_curves`: a trial's metric per iteration, and curves averaged
   over seeds, one line per label, as a PNG.
@@ -10,9 +12,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+#: The file in a Tune experiment's directory that records the spec it was started with.
+SPEC_FILE = "sweep_spec.json"
+
+
+class SpecMismatch(ValueError):
+    """An existing experiment was started with another spec (or records none): resuming it would not run
+    the study asked for."""
 
 
 def fit_or_restore(
@@ -27,10 +39,18 @@ def fit_or_restore(
     say: Callable[[str], None] = print,
     what: str = "experiment",
     keep_checkpoints: bool = True,
+    metric: str | None = None,
+    mode: str | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> Any:
     """Fit (or resume) the Tune experiment ``storage/name`` of ``trainable`` over ``param_space`` (an
     AlgorithmConfig with ``tune.grid_search`` values), each trial stopping after ``iterations`` and
     checkpointing every iteration; returns the ResultGrid. Raises when a trial failed.
+
+    ``metric`` and ``mode`` go to the ``TuneConfig`` (``ResultGrid.get_best_result()`` ranks trials by
+    them; every result a trial reports must carry ``metric``). With a ``spec`` (JSON-able), a new
+    experiment records it in ``SPEC_FILE``, and an existing one is resumed only when it recorded the same
+    spec: otherwise :class:`SpecMismatch` (``fresh`` starts over whatever it recorded).
 
     With ``keep_checkpoints=False`` the checkpoints of trials that ran all ``iterations`` are deleted once
     the experiment ends (their metrics and results stay, which is all a study reads back; an unfinished
@@ -41,6 +61,8 @@ def fit_or_restore(
     storage = Path(storage).resolve()
     experiment = storage / name
     if experiment.exists() and not fresh and tune.Tuner.can_restore(str(experiment)):
+        if spec is not None:
+            check_spec(experiment, spec, what=what)
         say(f"resuming the {what} in {experiment}")
         # The param space goes back in: Tune keeps its non-primitive values (classes, records) out of the
         # saved state as placeholders, and a trial the restored search creates later (a seed not yet
@@ -49,12 +71,14 @@ def fit_or_restore(
             str(experiment), trainable=trainable, param_space=param_space, resume_errored=True
         )
     else:
+        if spec is not None:
+            record_spec(experiment, spec)
         tuner = tune.Tuner(
             trainable,
             param_space=param_space,
             # Trials run side by side as the cluster's resources allow (one CPU each on a CPU-only Ray, where
             # Ray gives each trial one torch thread).
-            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, metric=metric, mode=mode),
             run_config=tune.RunConfig(
                 name=name,
                 storage_path=str(storage),
@@ -71,6 +95,51 @@ def fit_or_restore(
             if (result.metrics or {}).get("training_iteration", 0) >= iterations:
                 delete_checkpoints(Path(result.path))
     return results
+
+
+def resumable(experiment: Path) -> bool:
+    """Whether ``experiment`` holds a Tune experiment that ``tune.Tuner.restore`` can resume."""
+    from ray import tune
+
+    return experiment.exists() and tune.Tuner.can_restore(str(experiment.resolve()))
+
+
+def check_spec(experiment: Path, spec: Mapping[str, Any], *, what: str = "experiment") -> None:
+    """Raise :class:`SpecMismatch` unless the experiment in ``experiment`` recorded ``spec`` (compared as
+    JSON); the message names each difference and how to go on (``--fresh``, or another ``--out``)."""
+    path = Path(experiment) / SPEC_FILE
+    remedy = "pass --fresh to start it over there, or another --out to keep it"
+    if not path.exists():
+        raise SpecMismatch(
+            f"{experiment} holds a {what} that records no spec ({SPEC_FILE}), so it cannot be told to be "
+            f"the one asked for: {remedy}"
+        )
+    recorded = json.loads(path.read_text())
+    differences = spec_differences(recorded, spec)
+    if differences:
+        raise SpecMismatch(
+            f"{experiment} holds a {what} started with another spec ({'; '.join(differences)}): it is not "
+            f"resumed; {remedy}"
+        )
+
+
+def spec_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """``"key: recorded X, asked Y"`` for each key whose value differs (compared as JSON)."""
+    recorded, asked = json.loads(json.dumps(recorded)), json.loads(json.dumps(asked))
+    return [
+        f"{key}: recorded {recorded.get(key)!r}, asked {asked.get(key)!r}"
+        for key in sorted(set(recorded) | set(asked))
+        if recorded.get(key) != asked.get(key)
+    ]
+
+
+def record_spec(experiment: Path, spec: Mapping[str, Any]) -> None:
+    """Write ``spec`` to ``experiment``/``SPEC_FILE`` (by a rename: a kill leaves the old file or the new)."""
+    experiment = Path(experiment)
+    experiment.mkdir(parents=True, exist_ok=True)
+    temp = experiment / f".{SPEC_FILE}.tmp-{os.getpid()}"
+    temp.write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    os.replace(temp, experiment / SPEC_FILE)
 
 
 def delete_checkpoints(trial_dir: Path) -> None:

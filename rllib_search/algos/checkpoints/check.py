@@ -42,10 +42,13 @@ def check_checkpoint(path: str | Path) -> Path:
     An Algorithm checkpoint (it has ``algorithm_state.*``) must hold its policy's RLModule under
     ``learner_group/learner/rl_module/default_policy``; an RLModule directory needs
     ``class_and_ctor_args.pkl`` and ``module_state.*``. Raises :class:`CheckpointError` (or
-    FileNotFoundError for a missing directory) naming the first bad file.
+    FileNotFoundError for a missing directory) naming the first bad file. A directory missing because its
+    re-save was interrupted between renames is recovered first (``periodic.recover_checkpoint``).
     """
+    from rllib_search.algos.checkpoints.periodic import recover_checkpoint
+
     root = Path(path).expanduser()
-    if not root.exists():
+    if not root.exists() and recover_checkpoint(root) is None:
         raise FileNotFoundError(f"{root}: no such checkpoint directory")
     if not root.is_dir():
         raise CheckpointError(root, "a checkpoint is a directory (algo.save_to_path writes one), not a file")

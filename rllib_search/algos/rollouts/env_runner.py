@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,12 +47,38 @@ from rllib_search.algos.rollouts.record import Rollout
 from rllib_search.algos.rollouts.sampler import ShuffledSampler, StratifiedSampler
 from rllib_search.data.records import QARecord
 from rllib_search.env.protocols import get_protocol
+from rllib_search.env.rewards import ResponseSummary
 from rllib_search.env.search_env import JudgeReport, MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.llm.engines import Engine, SamplingParams
 from rllib_search.serve.judge.client import build_judge, check_judge_family
 from rllib_search.serve.retrieval.client import build_retriever
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class HeldGroup:
+    """A sampled group whose evidence judge failed, waiting in the runner to be judged again: its rollouts,
+    what each episode's response said (the reward's input, ``MultiTurnSearchEnv.response_summary``) and
+    the reward it was sampled under."""
+
+    rollouts: list[Rollout]
+    summaries: list[ResponseSummary]
+    reward_fn: Callable[[ResponseSummary, list[str]], Any]
+    attempts: int = 0
+
+    def rescored(self, index: int, evidence_answer: str) -> Rollout:
+        """Rollout ``index`` scored with the judge's ``evidence_answer``."""
+        rollout = self.rollouts[index]
+        summary = replace(self.summaries[index], evidence_answer=evidence_answer, judge_error=None)
+        breakdown = self.reward_fn(summary, list(rollout.golden_answers))
+        return replace(
+            rollout,
+            reward=float(breakdown.total),
+            reward_components=dict(breakdown.components),
+            reward_notes=dict(breakdown.notes),
+            evidence_answer=evidence_answer,
+        )
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
@@ -88,6 +114,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._draws = 0
         self._sample_calls = 0
         self._retriever_retries = 0
+        self._held: list[HeldGroup] = []  # groups whose evidence judge failed, to judge again
         self.reward_stage = 0
         if self.config.reward_stages:
             self._enter_reward_stage(0)
@@ -215,10 +242,90 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             episodes, self.sampling, seeded=True, policy=self.sampling_policy()
         )
         self._log_metrics(rollouts, generated, generate_seconds, time.perf_counter() - started, judged)
-        if self.config.group_hook is not None:
+        released = self._judge_held_groups()
+        episodes, rollouts = self._hold_unjudged_groups(episodes, rollouts)
+        if self.config.group_hook is not None and rollouts:
             rollouts = list(self.config.group_hook(self, episodes, rollouts))
         self._sample_calls += 1
-        return rollouts
+        return rollouts + released
+
+    # --- the evidence judge's retry queue (``rollouts(judge_retries=N)``) ---------------------------
+    def _hold_unjudged_groups(
+        self, episodes: list[tuple[QARecord, str]], rollouts: list[Rollout]
+    ) -> tuple[list[tuple[QARecord, str]], list[Rollout]]:
+        """The sample without its groups whose evidence judge failed: those wait in the runner, with what
+        their episodes said (the reward's input), to be judged again at the next samples."""
+        group_size = int(self.config.group_size)
+        if self.judge is None or not int(self.config.judge_retries):
+            return episodes, rollouts
+        starts = range(0, len(rollouts), group_size)
+        failed = [
+            any(r.reward_components.get("judge_error") for r in rollouts[s : s + group_size]) for s in starts
+        ]
+        kept_episodes: list[tuple[QARecord, str]] = []
+        kept: list[Rollout] = []
+        held = 0
+        for start, unjudged in zip(starts, failed):
+            group = rollouts[start : start + group_size]
+            if unjudged:
+                envs = self.envs[start : start + group_size]
+                self._held.append(
+                    HeldGroup(list(group), [env.response_summary for env in envs], envs[0].reward_fn)
+                )
+                held += 1
+            else:
+                kept_episodes += episodes[start : start + group_size]
+                kept += group
+        self.metrics.log_value("judge_held_groups", held, reduce="sum")
+        return kept_episodes, kept
+
+    def _judge_held_groups(self) -> list[Rollout]:
+        """Ask the judge again, in one call, for every held group's failed episodes: the groups it answers
+        (or that have waited ``judge_retries`` samples) are released, rescored."""
+        if not self._held:
+            return []
+        waiting = [
+            (group, index)
+            for group in self._held
+            for index, rollout in enumerate(group.rollouts)
+            if rollout.reward_components.get("judge_error")
+        ]
+        summaries = [group.summaries[index] for group, index in waiting]
+        self.metrics.log_value("judge_calls", 1, reduce="sum")
+        self.metrics.log_value("judge_prompts", len(summaries), reduce="sum")
+        try:
+            answers = list(
+                self.judge.answer_evidence(
+                    [s.question for s in summaries], [s.evidence or "" for s in summaries]
+                )
+            )
+            if len(answers) != len(summaries):
+                raise RuntimeError(
+                    f"the judge returned {len(answers)} answers for {len(summaries)} questions"
+                )
+        except Exception as error:  # still failing: the groups wait, or go as they are after their last try
+            logger.warning("evidence judge failed again on %d held episodes: %s", len(summaries), error)
+            self.metrics.log_value("judge_errors", len(summaries), reduce="sum")
+            answers = None
+        released: list[Rollout] = []
+        recovered = unjudged = 0
+        for group in list(self._held):
+            group.attempts += 1
+            if answers is None and group.attempts < int(self.config.judge_retries):
+                continue
+            self._held.remove(group)
+            if answers is None:
+                released += group.rollouts
+                unjudged += 1
+                continue
+            for (owner, index), answer in zip(waiting, answers):
+                if owner is group:
+                    group.rollouts[index] = group.rescored(index, str(answer))
+            released += group.rollouts
+            recovered += 1
+        self.metrics.log_value("judge_recovered_groups", recovered, reduce="sum")
+        self.metrics.log_value("judge_unjudged_groups", unjudged, reduce="sum")
+        return released
 
     # --- what a group hook may use (``rollouts(group_hook=...)``) -----------------------------------
     def sampling_policy(self) -> EnginePolicy:

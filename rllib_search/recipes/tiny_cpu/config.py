@@ -12,7 +12,7 @@ class TinyCPUConfig:
     fp32); ``smoke()`` gives every stage at its smallest size."""
 
     model: str = "smollm2-135m-instruct"
-    out: str = "runs/tiny_cpu_grpo"
+    out: str | None = None  # None: runs/tiny_cpu_grpo (in a submitted Ray job: ~/rllib_search_runs/...)
     protocol: str = "search_r1_compact"  # Search-R1's tags with a short system instruction
     world_seed: int = 0
     seed: int = 0

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rllib_search.recipes.tiny_cpu.config import TinyCPUConfig
 
 HOPS = (1, 2)
+
+
+class JobError(RuntimeError):
+    """What stops the job with a message instead of a traceback: its inputs break an assumption."""
 
 
 class Progress:
@@ -272,9 +275,9 @@ def warm_start(config: TinyCPUConfig, world: World, evaluate: HeldOutEvaluation,
         calibration_demonstrations,
     )
     from rllib_search.recipes.tiny_cpu.plan_forks import ForkWindow, fork_contexts, mean_forks
-    from rllib_search.serve.retrieval.client import RetrieverClient
+    from rllib_search.serve.retrieval.client import build_retriever
 
-    client = RetrieverClient.from_app(embedded.RETRIEVER_APP, timeout_s=60)
+    client = build_retriever({"timeout_s": 60, **world.retriever_spec})  # the app serving this world
     tokenizer = load_tokenizer(config.model)
     env_config = SearchEnvConfig.from_dict(world.env_settings)
     fork_env = MultiTurnSearchEnv(tokenizer, None, None, SearchEnvConfig(protocol=config.protocol))
@@ -292,6 +295,13 @@ def warm_start(config: TinyCPUConfig, world: World, evaluate: HeldOutEvaluation,
         decision_weight=config.decision_weight,
         **config.teacher,
     )
+    unanswered = sum(d.stats.get("retriever_errors", 0) for d in demos)
+    if unanswered:
+        raise JobError(
+            f"{unanswered} of the teacher's searches got no passages from the retriever "
+            f"({world.retriever_spec}): the warm start's demonstrations need the synthetic world's own "
+            "index; see the retriever's Serve logs"
+        )
     say(
         f"warm start data: {len(demos)} teacher trajectories ({config.demonstrations} 1-hop, "
         f"{config.two_hop_demonstrations} 2-hop)"
@@ -329,15 +339,20 @@ def warm_start(config: TinyCPUConfig, world: World, evaluate: HeldOutEvaluation,
             questions_per_step=config.calibration_questions,
         )
         records = {h: [q for q in world.demonstrated if q.extra["num_hops"] == h] for h in HOPS}
-        demonstrations = calibration_demonstrations(
-            tokenizer,
-            client,
-            records,
-            {h: fork_contexts(records[h], fork_env, tokenizer) for h in HOPS},
-            env_config,
-            settings,
-            seed=config.seed,
-        )
+        try:
+            demonstrations = calibration_demonstrations(
+                tokenizer,
+                client,
+                records,
+                {h: fork_contexts(records[h], fork_env, tokenizer) for h in HOPS},
+                env_config,
+                settings,
+                seed=config.seed,
+            )
+        except ValueError as error:  # a teacher turn that does not follow its plan: the world or teacher
+            raise JobError(
+                f"plan calibration: the teacher's turns do not follow its plans ({error})"
+            ) from error
         say(
             f"fork calibration: {len(demonstrations)} first turns, P(' its') target "
             f"{settings.its_target}, after SFT's {describe_forks(read_forks())}"
@@ -487,7 +502,7 @@ def train_rl(
     checkpoint = grpo.save_to_path(str((Path(config.out) / "checkpoint").resolve()))
     grpo.stop()
     if world.started_retriever:
-        embedded.stop_apps([embedded.RETRIEVER_APP])
+        embedded.stop_apps([world.retriever_spec["app"]])
     return RLResult(
         history=history,
         validation={
@@ -609,14 +624,17 @@ def plot(table: list[dict[str, Any]], history: list[dict[str, Any]], path: Path)
     plt.close(fig)
 
 
-def run(
-    config: TinyCPUConfig, precision_measured: bool = False, say: Callable[[str], None] | None = None
-) -> dict[str, Any]:
+def run(config: TinyCPUConfig, precision_measured: bool = False) -> dict[str, Any]:
     """The whole job; returns what summary.json holds. ``precision_measured``: ``config.bf16`` was chosen
-    by ``llm.models.cpu_precision`` (said, with its figures, in the output)."""
+    by ``llm.models.cpu_precision`` (said, with its figures, in the output). Writes under ``config.out``
+    made absolute (``recipes.jobs.output_directory``: outside a submitted job's working directory)."""
     import torch
 
+    from rllib_search.recipes.jobs import output_directory
+
     progress = Progress()
+    config = replace(config, out=str(output_directory("tiny_cpu_grpo", config.out)))
+    progress(f"output directory: {config.out}")
     torch.set_num_threads(config.threads)
     Path(config.out).mkdir(parents=True, exist_ok=True)
     world = build_world(config, progress)
@@ -625,4 +643,6 @@ def run(
     evaluate = HeldOutEvaluation(config, world, progress)
     warm = warm_start(config, world, evaluate, progress)
     rl = train_rl(config, world, warm, evaluate, progress)
-    return report(config, world, machine, warm, rl, evaluate.table, progress)
+    summary = report(config, world, machine, warm, rl, evaluate.table, progress)
+    progress(f"output directory: {config.out}")
+    return summary

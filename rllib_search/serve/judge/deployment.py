@@ -8,15 +8,15 @@ evidences in one request.
 
 - Engines are those of ``llm/``: the HF engine on CPU (default judge: the bundled Gemma-3-270M, a different
   family from the SmolLM2 policy), vLLM on GPU (``engine="vllm"``; R-Search's judge is
-  Llama-3.2-3B-Instruct). Ray Serve LLM (``ray.serve.llm``, ``tuned_examples/serve_judge_llm.yaml``) is
+  Llama-3.2-3B-Instruct). Ray Serve LLM (``ray.serve.llm``, ``tuned_examples/serve_gpu_llm.yaml``) is
   the documented way to serve the 3B judge on a GPU cluster; the client speaks to either.
 - In-cluster callers use a DeploymentHandle: ``generate(prompts, ...)`` (strings, or chat message lists)
   and ``describe()`` (the model's name, type and vocabulary, for the cross-family check).
 - HTTP is a subset of the OpenAI API: ``POST /v1/completions`` (a prompt or a list of prompts) and
   ``POST /v1/chat/completions`` (one conversation), ``n=1``, ``max_tokens``, ``temperature``, ``top_p``,
-  ``stop``, ``seed``; ``GET /v1/models``; ``GET /health``. Requests are bounded (prompts per request,
-  characters and tokens per prompt, new tokens); a request outside a bound, or malformed, gets a 4xx
-  with an OpenAI-style error message, never a 5xx.
+  ``stop``, ``seed``; ``GET /v1/models``; ``GET /health``. Requests are bounded (body bytes, read before
+  the body is; prompts per request, characters and tokens per prompt, new tokens); a request outside a
+  bound, or malformed, gets a 4xx with an OpenAI-style error message, never a 5xx.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI must see the request models' real types.
@@ -33,7 +33,18 @@ from ray import serve
 
 from rllib_search.llm.engines.base import SamplingParams
 from rllib_search.metrics import record
-from rllib_search.serve.http.validation import invalid_unicode, printable, validation_message
+from rllib_search.serve.http.validation import (
+    RequestRefused,
+    check_body_limit,
+    check_length,
+    default_body_bytes,
+    invalid_unicode,
+    parse_json_object,
+    printable,
+    read_body,
+    validate,
+    validation_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +54,7 @@ METRIC_TAGS = {"service": "judge"}  # batch size and seconds as Ray metrics (rll
 ROUTE_PREFIX = "/judge"
 DEFAULT_CPU_JUDGE = "gemma3-270m"
 DEFAULT_GPU_JUDGE = "meta-llama/Llama-3.2-3B-Instruct"
+MAX_STOPS = 8  # stop strings per request
 
 
 class JudgeRequestError(ValueError):
@@ -55,12 +67,23 @@ class JudgeRequestError(ValueError):
 
 @dataclass(frozen=True)
 class JudgeLimits:
-    """Bounds on one request; a request outside them gets a 4xx with a message."""
+    """Bounds on one request; a request outside them gets a 4xx with a message. ``max_body_bytes`` (the
+    HTTP body, checked before it is read in full) defaults to what the other bounds admit: ``max_prompts``
+    prompts of ``max_prompt_chars`` characters written as ``\\uXXXX`` escapes, plus 64 KiB (49 MB for the
+    defaults; ``serve/http/validation.py``)."""
 
     max_prompts: int = 256
     max_prompt_chars: int = 32_000
     max_prompt_tokens: int = 2048
     max_tokens: int = 256
+    max_body_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes is None:
+            object.__setattr__(
+                self, "max_body_bytes", default_body_bytes(self.max_prompts, self.max_prompt_chars)
+            )
+        check_body_limit(self.max_body_bytes)
 
     def check_request(self, prompts: list[Any], max_tokens: int, temperature: float, top_p: float) -> None:
         """Raise :class:`JudgeRequestError` when the request's shape breaks a bound."""
@@ -123,7 +146,8 @@ http_app = FastAPI(title="rllib-search evidence judge", description="A subset of
 
 @http_app.exception_handler(RequestValidationError)
 async def _malformed_request(request: Request, error: RequestValidationError) -> JSONResponse:
-    """A body that is not JSON or not of the schema: 400 with the validator's words, as vLLM answers."""
+    """A request FastAPI's own validation refuses (a route's parameters; the completion endpoints read their
+    bodies themselves): 400 with the validator's words, as vLLM answers."""
     return _error(validation_message(error), 400)
 
 
@@ -279,8 +303,8 @@ class JudgeDeployment:
         top_p = 1.0 if top_p is None else float(top_p)
         self.limits.check_request(prompts, max_tokens, temperature, top_p)
         stops = tuple(s for s in (stop or ()) if isinstance(s, str) and s)
-        if stop is not None and (len(stops) != len(stop) or len(stops) > 8):
-            raise JudgeRequestError("stop must be at most 8 non-empty strings")
+        if stop is not None and (len(stops) != len(stop) or len(stops) > MAX_STOPS):
+            raise JudgeRequestError(f"stop must be at most {MAX_STOPS} non-empty strings")
         problem = invalid_unicode(stops, "stop")
         if problem is not None:
             raise JudgeRequestError(problem)
@@ -374,15 +398,38 @@ class JudgeDeployment:
 
     # --- HTTP API (OpenAI subset) --------------------------------------------------------------------
     @http_app.post("/v1/completions")
-    async def completions(self, request: CompletionRequest) -> JSONResponse:
+    async def completions(self, http_request: Request) -> JSONResponse:
+        try:
+            fields = await self._read_body(http_request)
+            too_many = "at most {bound} prompts per request, got {length}"
+            check_length(fields, "prompt", self.limits.max_prompts, too_many, 413)
+            request = validate(CompletionRequest, fields, 400)
+        except RequestRefused as refused:
+            return _error(refused.message, refused.status)
         prompts = [request.prompt] if isinstance(request.prompt, str) else list(request.prompt)
         return await self._respond(request, prompts, request.max_tokens, chat=False)
 
     @http_app.post("/v1/chat/completions")
-    async def chat_completions(self, request: ChatCompletionRequest) -> JSONResponse:
+    async def chat_completions(self, http_request: Request) -> JSONResponse:
+        try:
+            fields = await self._read_body(http_request)
+            # Every message adds tokens to the conversation's one prompt (its turn markers at least).
+            too_many = "at most {bound} messages (the prompt's token bound), got {length}"
+            check_length(fields, "messages", self.limits.max_prompt_tokens, too_many, 400)
+            request = validate(ChatCompletionRequest, fields, 400)
+        except RequestRefused as refused:
+            return _error(refused.message, refused.status)
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
         max_tokens = request.max_completion_tokens if request.max_tokens is None else request.max_tokens
         return await self._respond(request, [messages], max_tokens, chat=True)
+
+    async def _read_body(self, http_request: Request) -> dict[str, Any]:
+        """The body as a JSON object, read under ``limits.max_body_bytes``, its ``stop`` list's length
+        checked before the schema is (``serve/http/validation.py``)."""
+        body = await read_body(http_request, self.limits.max_body_bytes)
+        fields = parse_json_object(body, http_request.headers.get("content-type"), 400)
+        check_length(fields, "stop", MAX_STOPS, "stop must be at most {bound} non-empty strings", 400)
+        return fields
 
     @http_app.get("/v1/models")
     async def models(self) -> dict[str, Any]:

@@ -7,8 +7,9 @@ skip HTTP and call ``search`` through a DeploymentHandle (see ``serve/retrieval/
 
 Query encoding dominates retrieval cost, so concurrent requests are batched: ``@serve.batch`` gathers the
 requests that arrive while the previous batch runs (counting queries, not requests) and the index encodes
-and searches all their queries in one call. Requests are bounded (queries per request, characters per
-query, topk range) and answered with 4xx and a message when they break a bound.
+and searches all their queries in one call. Requests are bounded (body bytes, read before the body is;
+queries per request, characters per query, topk range) and answered with 4xx and a message when they break
+a bound.
 
 For HTTP throughput on one node, start Ray with Ray's high-throughput Serve settings
 (``RAY_SERVE_ENABLE_HA_PROXY=1`` and ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, or
@@ -22,6 +23,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,7 +34,17 @@ from ray import serve
 
 from rllib_search.data.retrieval import Passage
 from rllib_search.metrics import record
-from rllib_search.serve.http.validation import invalid_unicode, printable, validation_message
+from rllib_search.serve.http.validation import (
+    RequestRefused,
+    check_body_limit,
+    check_length,
+    default_body_bytes,
+    invalid_unicode,
+    parse_json_object,
+    read_body,
+    validate,
+    validation_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +55,22 @@ METRIC_TAGS = {"service": "retriever"}  # batch size and seconds as Ray metrics 
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """Bounds on one request; a request outside them gets a 4xx with a message."""
+    """Bounds on one request; a request outside them gets a 4xx with a message. ``max_body_bytes`` (the
+    HTTP body, checked before it is read in full) defaults to what the other bounds admit:
+    ``max_queries`` queries of ``max_query_chars`` characters written as ``\\uXXXX`` escapes, plus 64 KiB
+    (12.4 MB for the defaults; ``serve/http/validation.py``)."""
 
     max_queries: int = 1024
     max_query_chars: int = 2000
     max_topk: int = 100
+    max_body_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes is None:
+            object.__setattr__(
+                self, "max_body_bytes", default_body_bytes(self.max_queries, self.max_query_chars)
+            )
+        check_body_limit(self.max_body_bytes)
 
     def check(self, queries: Sequence[Any], topk: Any) -> str | None:
         """The reason ``queries``/``topk`` break a bound, or None."""
@@ -84,9 +107,27 @@ http_app = FastAPI(title="rllib-search retriever", description="Search-R1-compat
 
 @http_app.exception_handler(RequestValidationError)
 async def _malformed_request(request: Request, error: RequestValidationError) -> JSONResponse:
-    """A body that is not JSON or not of the schema: 422 with the validator's words, not the input (which
-    may not be encodable; FastAPI's default echoes it)."""
+    """A request FastAPI's own validation refuses (a route's parameters; ``/retrieve`` reads its body
+    itself): 422 with the validator's words, not the input (which may not be encodable; FastAPI's default
+    echoes it)."""
     return JSONResponse({"detail": validation_message(error)}, status_code=422)
+
+
+# Defined before the deployment class: Serve pickles the ingress class (and the globals its methods use)
+# when the decorator runs.
+def synthetic_world_index(seed: int = 0) -> tuple[dict[str, Path], Path]:
+    """The synthetic world of ``seed`` (``data/synthetic.py``) and a BM25 index of its passages, under
+    ``cache_dir()/worlds``, generated on first use and cached: the world the recipes' embedded default
+    trains on, and what a retriever app given ``synthetic_world_seed`` serves. Returns the world's files
+    (by ``WORLD_FILES`` key) and the index directory. Safe to call from processes that start at once."""
+    from rllib_search.data.synthetic import SyntheticWorldConfig, ensure_world
+    from rllib_search.llm.models import cache_dir
+    from rllib_search.serve.retrieval.build import ensure_index
+
+    root = cache_dir() / "worlds" / f"demo_seed{seed}"
+    paths = ensure_world(root, SyntheticWorldConfig(seed=seed))
+    index = ensure_index(paths["corpus_parquet"], root / "bm25_index", kind="bm25", progress=False)
+    return paths, index
 
 
 # Requests above max_ongoing_requests wait in the caller's router, which re-offers them with backoff: with
@@ -99,13 +140,14 @@ class RetrieverDeployment:
 
     def __init__(
         self,
-        index_dir: str,
+        index_dir: str | None = None,
         encoder: str | None = None,
         max_batch_queries: int = 1024,
         batch_wait_timeout_s: float = 0.005,
         limits: dict[str, int] | None = None,
         device: str | None = None,
         dtype: str | None = "auto",
+        synthetic_world_seed: int | None = None,
     ) -> None:
         from rllib_search.serve.retrieval.load import load_index
 
@@ -114,6 +156,8 @@ class RetrieverDeployment:
             raise ValueError(
                 "max_batch_queries must be at least limits.max_queries (one request fits a batch)"
             )
+        if index_dir is None:  # built on this replica's node (once per node, cached)
+            index_dir = str(synthetic_world_index(synthetic_world_seed or 0)[1])
         self.index = load_index(index_dir, encoder=encoder, device=device, dtype=dtype)
         self._search_batched.set_max_batch_size(max_batch_queries)
         self._search_batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
@@ -175,11 +219,14 @@ class RetrieverDeployment:
 
     # --- HTTP API (Search-R1 schema) -----------------------------------------------------------------
     @http_app.post("/retrieve")
-    async def retrieve(self, request: RetrieveRequest) -> JSONResponse:
-        problem = self.limits.check(request.queries, request.topk)
-        if problem is not None:
-            status = 413 if len(request.queries) > self.limits.max_queries else 422
-            return JSONResponse({"detail": printable(problem)}, status_code=status)
+    async def retrieve(self, http_request: Request) -> JSONResponse:
+        """Read the body under ``limits.max_body_bytes``, parse it, check the queries' count, then the
+        schema, then the other bounds (``serve/http/validation.py``): a 4xx with a message at the first
+        problem."""
+        try:
+            request = await self._read_request(http_request)
+        except RequestRefused as refused:
+            return JSONResponse({"detail": refused.message}, status_code=refused.status)
         results = await self.search(request.queries, request.topk)
         body = [[passage_to_json(p, request.return_scores) for p in passages] for passages in results]
         return JSONResponse({"result": body})
@@ -188,19 +235,46 @@ class RetrieverDeployment:
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
+    async def _read_request(self, http_request: Request) -> RetrieveRequest:
+        limits = self.limits
+        body = await read_body(http_request, limits.max_body_bytes)
+        fields = parse_json_object(body, http_request.headers.get("content-type"), 422)
+        too_many = "at most {bound} queries per request, got {length}"
+        check_length(fields, "queries", limits.max_queries, too_many, 413)
+        request = validate(RetrieveRequest, fields, 422)
+        problem = limits.check(request.queries, request.topk)
+        if problem is not None:
+            raise RequestRefused(problem, 413 if len(request.queries) > limits.max_queries else 422)
+        return request
+
+
+def gpu_shortfall(num_gpus: float, cluster_gpus: float) -> str | None:
+    """Why replicas asking for ``num_gpus`` GPUs each will not schedule on a cluster with ``cluster_gpus``
+    GPUs in all, or None when they fit."""
+    if num_gpus <= 0 or cluster_gpus >= num_gpus:
+        return None
+    return (
+        f"the retriever asks for {num_gpus:g} GPU(s) per replica but the cluster has {cluster_gpus:g}: its "
+        "replicas stay pending until GPU nodes join (on a CPU cluster set ray_actor_options.num_gpus: 0, "
+        "as tuned_examples/serve_cpu.yaml does)"
+    )
+
 
 def build_retriever_app(args: dict[str, Any]) -> serve.Application:
     """Application builder for ``serve build`` / ``serve deploy`` and ``rllib-search serve retriever``.
 
-    ``args``: ``index_dir`` (required), ``encoder``, ``max_batch_queries``, ``batch_wait_timeout_s``,
-    ``limits`` (dict), ``device``, ``dtype`` (the query encoder's; default ``"auto"``: fp16 on a GPU, bf16
-    on a CPU where bf16 is native and pays, else fp32), and deployment options ``autoscaling_config``
-    (dict: min_replicas, max_replicas, target_ongoing_requests, ...), ``num_replicas`` and
-    ``ray_actor_options`` (num_cpus, num_gpus, ...).
+    ``args``: ``index_dir`` (an index directory on every node a replica may run on) or
+    ``synthetic_world_seed`` (serve :func:`synthetic_world_index`, built by each replica), ``encoder``,
+    ``max_batch_queries``, ``batch_wait_timeout_s``, ``limits`` (dict), ``device``, ``dtype`` (the query
+    encoder's; default ``"auto"``: fp16 on a GPU, bf16 on a CPU where bf16 is native and pays, else fp32),
+    and deployment options ``autoscaling_config`` (dict: min_replicas, max_replicas,
+    target_ongoing_requests, ...), ``num_replicas`` and ``ray_actor_options`` (num_cpus, num_gpus, ...).
+    Built in a connected Ray, it logs a warning when replicas ask for more GPUs than the cluster has.
     """
     args = dict(args)
-    if "index_dir" not in args:
-        raise ValueError("the retriever app needs 'index_dir'")
+    if (args.get("index_dir") is None) == (args.get("synthetic_world_seed") is None):
+        raise ValueError("the retriever app needs 'index_dir' or 'synthetic_world_seed' (one of them)")
+    _warn_if_gpus_missing(args.get("ray_actor_options"))
     options: dict[str, Any] = {}
     for key in ("autoscaling_config", "num_replicas", "ray_actor_options", "max_ongoing_requests"):
         if args.get(key) is not None:
@@ -211,3 +285,14 @@ def build_retriever_app(args: dict[str, Any]) -> serve.Application:
         options.pop("num_replicas", None)
     deployment = RetrieverDeployment.options(**options) if options else RetrieverDeployment
     return deployment.bind(**args)
+
+
+def _warn_if_gpus_missing(ray_actor_options: dict[str, Any] | None) -> None:
+    import ray
+
+    num_gpus = float((ray_actor_options or {}).get("num_gpus") or 0)
+    if num_gpus <= 0 or not ray.is_initialized():
+        return
+    problem = gpu_shortfall(num_gpus, float(ray.cluster_resources().get("GPU", 0.0)))
+    if problem is not None:
+        logger.warning(problem)
