@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -215,6 +216,32 @@ class RayHead:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+    def submit(self, command: list[str], environment: dict[str, str]) -> subprocess.CompletedProcess:
+        """``RAY_AUTH_MODE=token ray job submit --address <this head> <command>``, submitted again while the
+        head is still coming up: its dashboard and job agent take a few seconds to answer, and on a loaded
+        machine a starting head can drop the working dir's upload check or the hand-over to its job agent
+        (RemoteDisconnected in _package_exists, a 500 with ServerDisconnectedError from
+        submit_job_internal), in which case the job did not start."""
+        ray_cli = str(Path(sys.executable).parent / "ray")
+        submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{self.dashboard_port}", *command]
+        deadline = time.monotonic() + 600
+        while True:
+            done = subprocess.run(
+                submit,
+                env={**environment, "RAY_AUTH_MODE": "token"},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            logs = done.stdout + done.stderr
+            starting = any(text in logs for text in ("Failed to connect", "No available agent"))
+            starting |= "RemoteDisconnected" in logs and "_upload_package_if_needed" in logs
+            starting |= "ServerDisconnectedError" in logs and "submit_job_internal" in logs
+            if done.returncode == 0 or not starting:
+                return done
+            assert time.monotonic() < deadline, logs[-2000:]
+            time.sleep(3)
 
     def stop(self) -> None:
         import psutil
