@@ -101,8 +101,7 @@ class SearchConfig(AlgorithmConfig):
         # position, up to `sample_retries` times within the iteration.
         self.restart_failed_env_runners = True
         self.sample_retries = 2
-        # Periodic checkpoints (algos/checkpoints/periodic.py): off unless a directory and an interval are
-        # given.
+        # Periodic checkpoints (algos/checkpoints/periodic.py): off unless given a directory and an interval.
         self.checkpoint_dir: str | None = None
         self.checkpoint_every_n_iterations = 0
         self.checkpoint_keep_last = 3
@@ -278,9 +277,8 @@ class SearchConfig(AlgorithmConfig):
         **kwargs: Any,
     ) -> SearchConfig:
         """Periodic checkpoints (``algos/checkpoints/periodic.py``): after every ``every_n_iterations``
-        iterations
-        (0: never) ``train()`` writes ``directory/checkpoint_<iteration>`` atomically and keeps the newest
-        ``keep_last`` (0: all); ``algo.restore_latest()`` resumes from the newest. RLlib's own
+        iterations (0: never) ``train()`` writes ``directory/checkpoint_<iteration>`` atomically and keeps the
+        newest ``keep_last`` (0: all); ``algo.restore_latest()`` resumes from the newest. RLlib's own
         ``checkpointing`` options pass through."""
         if directory is not NotProvided:
             self.checkpoint_dir = None if directory is None else str(directory)

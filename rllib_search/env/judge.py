@@ -1,11 +1,10 @@
 """What the environment needs from an evidence judge: questions and evidence in, answers out, in batches.
 
-R-Search's evidence reward (eq. 4) is the F1 of a second model's answer when that model sees only the
-evidence the policy wrote. The judge is a frozen model of another family; the env never calls a model
-itself, it asks an :class:`EvidenceJudge` for the answers of every episode that needs one in ONE call
-(``score_episodes`` in ``search_env.py``). The served judge (``serve/judge/deployment.py`` and its client)
-satisfies
-the protocol, and so does any callable ``(question, evidence) -> answer`` wrapped by :func:`as_judge`.
+R-Search's evidence reward (eq. 4) is the F1 of a second model's answer when that model sees only the evidence
+the policy wrote. The judge is a frozen model of another family; the env never calls a model itself, it asks
+an :class:`EvidenceJudge` for the answers of every episode that needs one in ONE call (``score_episodes`` in
+``search_env.py``). The served judge (``serve/judge/deployment.py`` and its client) satisfies the protocol,
+and so does any callable ``(question, evidence) -> answer`` wrapped by :func:`as_judge`.
 """
 
 from __future__ import annotations

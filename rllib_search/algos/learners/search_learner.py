@@ -20,9 +20,8 @@ Whitening moments are summed over all learners (:meth:`reduce_sums`), so 2 learn
 A learner connector is not used: RLlib runs it only on episodes, and this batch is built from rollouts.
 
 Learning rate: one writer, :class:`~rllib_search.algos.learners.lr_warmup.LearningRateWarmup` (RLlib's
-``Scheduler``
-keyed by optimizer steps); RLlib's own per-optimizer schedule is disabled. The optimizer step count is
-part of the learner's checkpointed state.
+``Scheduler`` keyed by optimizer steps); RLlib's own per-optimizer schedule is disabled. The optimizer step
+count is part of the learner's checkpointed state.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@
    (R-Search; ``score_episodes``), and the episodes are scored.
 
 It returns :class:`~rllib_search.algos.rollouts.record.Rollout` records (token ids, loss mask, sampled
-log-probs,
-turn spans, reward breakdown, group id, weights version). ``set_state`` loads the learner's weights into
-the engine in place and bumps the weights version; metrics go through RLlib's ``MetricsLogger``.
+log-probs, turn spans, reward breakdown, group id, weights version). ``set_state`` loads the learner's weights
+into the engine in place and bumps the weights version; metrics go through RLlib's ``MetricsLogger``.
 
 One policy copy per runner: with the HF engine the engine shares the runner's LLMRLModule (in bf16 on a
 GPU: it only generates); with vLLM the runner builds no HF model at all (``self.module`` is None, the

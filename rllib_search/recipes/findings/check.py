@@ -36,10 +36,9 @@ COMPARED_SETTINGS = tuple(key for key in RUN_SETTINGS if key != "seeds")
 
 def compare_arm(committed: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
     """One re-run arm (an :func:`~rllib_search.recipes.findings.study.analyse` arm entry) against the
-    committed
-    one: per seed both EMs; over the re-run seeds the committed and re-run pooled EM, their difference
-    (re-run minus committed) with a 95% interval, and a verdict: ``the same EM at every seed``, ``within
-    the interval`` (the difference's interval covers 0) or ``differs``."""
+    committed one: per seed both EMs; over the re-run seeds the committed and re-run pooled EM, their
+    difference (re-run minus committed) with a 95% interval, and a verdict: ``the same EM at every
+    seed``, ``within the interval`` (the difference's interval covers 0) or ``differs``."""
     if committed.get("status") != "run":
         return {"status": "nothing committed", "verdict": "nothing to compare with"}
     committed_seeds = committed.get("per_seed_em", {})

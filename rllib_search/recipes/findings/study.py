@@ -8,12 +8,11 @@ compared on held-out questions, question by question (``tuned_examples/findings.
 - R-Search: the evidence reward (the served Gemma-3-270M judge) on vs off.
 
 An arm is a transform of its finding's base recipe (``search_r1_grpo`` or ``r_search_grpo`` at CPU scale):
-every arm of a finding gets the same warm start, iterations, batch (episodes per iteration), learning rate
-and seeds. Each trial's held-out evaluation (greedy, at its last iteration) carries every question's
-answer (``held_out(answers=True)``), so an arm's EM pools its seeds' questions and a comparison is the
-paired per-question difference (``algos/evaluation/scores.py``: ``score_predictions``, ``paired_gain``), with
-a
-95% bootstrap interval over (seed, question) pairs, per hop count and pooled.
+every arm of a finding gets the same warm start, iterations, batch (episodes per iteration), learning rate and
+seeds. Each trial's held-out evaluation (greedy, at its last iteration) carries every question's answer
+(``held_out(answers=True)``), so an arm's EM pools its seeds' questions and a comparison is the paired
+per-question difference (``algos/evaluation/scores.py``: ``score_predictions``, ``paired_gain``), with a 95%
+bootstrap interval over (seed, question) pairs, per hop count and pooled.
 """
 
 from __future__ import annotations

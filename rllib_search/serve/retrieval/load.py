@@ -42,13 +42,11 @@ def load_index(
     """Load an index built by :func:`build_index`.
 
     ``encoder`` (default: the manifest's) may name a local copy of the same model, or change its
-    ``max_length``; a different model, pooling or prefix raises :class:`IndexMismatchError`. With
-    ``mmap`` the faiss and BM25 arrays are memory-mapped; the corpus always is. On a machine whose faiss
-    has GPU support, flat and IVF-PQ indexes are sharded in fp16 over all visible GPUs unless ``device``
-    is the CPU. ``dtype`` is the query encoder's
-    (:func:`~rllib_search.serve.retrieval.encoders.resolve_dtype`:
-    None keeps fp32 on the CPU and fp16 on a GPU; ``"auto"`` also uses bf16 on CPUs where bf16 is native
-    and pays).
+    ``max_length``; a different model, pooling or prefix raises :class:`IndexMismatchError`. With ``mmap`` the
+    faiss and BM25 arrays are memory-mapped; the corpus always is. On a machine whose faiss has GPU support,
+    flat and IVF-PQ indexes are sharded in fp16 over all visible GPUs unless ``device`` is the CPU. ``dtype``
+    is the query encoder's (:func:`~rllib_search.serve.retrieval.encoders.resolve_dtype`: None keeps fp32 on
+    the CPU and fp16 on a GPU; ``"auto"`` also uses bf16 on CPUs where bf16 is native and pays).
     """
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)
