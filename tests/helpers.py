@@ -187,35 +187,73 @@ def tuned_example(name: str) -> ModuleType:
 class RayHead:
     """``ray start --head`` on 127.0.0.1 as a user starts one, on free ports and in a temp dir of its own
     (``ray start`` records its address there, not in /tmp/ray where every later ``ray.init()`` on this
-    machine would find it; short, for socket paths). :meth:`stop` kills its processes and removes the dir."""
+    machine would find it; short, for socket paths). Returns once the dashboard answers, starting a fresh
+    head when one dies or stays deaf on a loaded machine. :meth:`stop` kills its processes and removes the
+    dir."""
 
-    def __init__(self, prefix: str, environment: dict[str, str]) -> None:
+    def __init__(self, prefix: str, environment: dict[str, str], *, attempts: int = 3) -> None:
+        self.prefix, self.environment = prefix, environment
+        for _ in range(attempts):
+            self._start()
+            if self._wait_for_dashboard(timeout_s=240):
+                return
+            log = self.log
+            self.stop()  # died or deaf (a port taken between choosing and binding, a dashboard that failed)
+        raise AssertionError(f"ray start --head: no dashboard after {attempts} heads; last log:\n{log}")
+
+    def _start(self) -> None:
         from rllib_search.serve.http.ports import free_port
 
         ray_cli = str(Path(sys.executable).parent / "ray")
         gcs_port, agent_port, client_port = free_port(), free_port(), free_port()
         self.dashboard_port = free_port()
-        self.temp_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-        self.process = subprocess.Popen(
-            [
-                ray_cli,
-                *("start", "--head", "--block", "--temp-dir", str(self.temp_dir)),
-                *("--node-ip-address", "127.0.0.1", "--port", str(gcs_port)),
-                *("--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)),
-                "--num-cpus=2",
-                # Every fixed default port elsewhere: the test session's own Ray may hold them.
-                *(
-                    "--dashboard-agent-listen-port",
-                    str(agent_port),
-                    "--ray-client-server-port",
-                    str(client_port),
-                ),
-            ],
-            env=environment,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=self.prefix, dir="/tmp"))
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{self.prefix}-", suffix=".log")[1])
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    ray_cli,
+                    *("start", "--head", "--block", "--temp-dir", str(self.temp_dir)),
+                    *("--node-ip-address", "127.0.0.1", "--port", str(gcs_port)),
+                    *("--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)),
+                    "--num-cpus=2",
+                    # Every fixed default port elsewhere: the test session's own Ray may hold them.
+                    *(
+                        "--dashboard-agent-listen-port",
+                        str(agent_port),
+                        "--ray-client-server-port",
+                        str(client_port),
+                    ),
+                ],
+                env=self.environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def log(self) -> str:
+        """The last lines ``ray start`` printed, for a failure's message."""
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _wait_for_dashboard(self, timeout_s: float) -> bool:
+        """True once the dashboard answers HTTP (any status: with token auth some routes say 401); False
+        when ``ray start`` exits first or nothing answers within ``timeout_s``."""
+        import requests
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            with contextlib.suppress(requests.RequestException):
+                requests.get(f"{self.dashboard}/api/version", timeout=10)
+                return True
+            time.sleep(2)
+        return False
 
     def submit(self, command: list[str], environment: dict[str, str]) -> subprocess.CompletedProcess:
         """``RAY_AUTH_MODE=token ray job submit --address <this head> <command>``, submitted again while the
@@ -224,7 +262,7 @@ class RayHead:
         (RemoteDisconnected in _package_exists, a 500 with ServerDisconnectedError from
         submit_job_internal), in which case the job did not start."""
         ray_cli = str(Path(sys.executable).parent / "ray")
-        submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{self.dashboard_port}", *command]
+        submit = [ray_cli, "job", "submit", "--address", self.dashboard, *command]
         deadline = time.monotonic() + 600
         while True:
             done = subprocess.run(
@@ -251,3 +289,4 @@ class RayHead:
                 with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                     process.send_signal(signal.SIGKILL)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)

@@ -165,11 +165,11 @@ def test_serve_deploy_of_the_cpu_config_answers_on_both_routes(tmp_path):
     config_path = tmp_path / "serve_cpu.yaml"
     config_path.write_text(yaml.safe_dump(config))
     head = RayHead("rayserve", environment)
-    dashboard = f"http://127.0.0.1:{head.dashboard_port}"
+    dashboard = head.dashboard
     cli_env = {**environment, "RAY_AUTH_MODE": "token"}
     try:
         deadline = time.monotonic() + 180
-        while True:  # the head's dashboard takes a few seconds to answer
+        while True:  # the head's job agent takes a few seconds more than its dashboard
             done = serve_cli("deploy", str(config_path), "-a", dashboard, env=cli_env)
             if done.returncode == 0:
                 break
