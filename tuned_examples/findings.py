@@ -24,13 +24,13 @@ measured at another turn budget is trained again. An arm's Tune experiment is na
 (``masking__masking_on__64_tokens``), so one trained at another budget is neither resumed nor reported
 as this one. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval, the
 paper's direction and whether it reproduced here; learning-curve PNGs under ``docs/findings/``) and
-``benchmarks/results/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
+``docs/findings/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
 the rest); ``--smoke`` writes them under ``--out`` instead.
 
     python tuned_examples/findings.py                       # the whole study: 6 findings, 3 seeds, SmolLM2
     python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10
     python tuned_examples/findings.py --report-only         # rewrite the report from the results so far
-    python tuned_examples/findings.py --smoke --findings masking --seeds 0,1   # minutes, same code path
+    python tuned_examples/findings.py --smoke       # one finding, one seed, the smallest size: minutes
 
 To check the committed results, train some arms again and set them beside them, seed by seed (the
 committed report is left alone; ``rllib_search/recipes/findings/check.py`` says what carries across CPUs):
@@ -55,7 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MINILM = "all-minilm-l6-v2"
 SIZES = {  # iterations are --iterations (default: 10; smoke 1)
     "embedded": {"seeds": (0, 1, 2), "per_hop": 50, "warm_start": 8, "weak_warm_start": 3},
-    "smoke": {"seeds": (0,), "per_hop": 3, "warm_start": 2, "weak_warm_start": 1},
+    # The smoke runs one finding (its two arms, Tune, the evaluation and the report: the path every finding
+    # takes) unless --findings names others: each arm costs a Tune trial with the model loaded again.
+    "smoke": {"seeds": (0,), "per_hop": 3, "warm_start": 1, "weak_warm_start": 1, "findings": ["masking"]},
 }
 
 
@@ -65,11 +67,15 @@ def ints(text: str) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = job_arguments(__doc__, iterations=10)
-    parser.add_argument("--findings", type=lambda s: s.split(","), help="comma-separated (default: all)")
+    parser.add_argument(
+        "--findings", type=lambda s: s.split(","), help="comma-separated (default: all; smoke: masking)"
+    )
     parser.add_argument("--seeds", type=ints, help="e.g. 0,1,2 (default 0,1,2; smoke 0)")
     parser.add_argument("--held-out-per-hop", type=int, help="held-out questions per hop count (default 50)")
     parser.add_argument("--hops", type=ints, default=(1, 2), help="hop counts evaluated (default 1,2)")
-    parser.add_argument("--warm-start-steps", type=int, help="SFT steps of the shared warm start (default 8)")
+    parser.add_argument(
+        "--warm-start-steps", type=int, help="SFT steps of the shared warm start (default 8; smoke 1)"
+    )
     parser.add_argument("--weak-warm-start-steps", type=int, help="the λ_f finding's (default 3)")
     parser.add_argument(  # Tune schedules by CPUs: on a machine with more cores than RAM for them, cap it
         "--max-concurrent",
@@ -91,15 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report from --out")
     parser.add_argument("--markdown", help="report path (default docs/findings.md; smoke: --out)")
-    parser.add_argument(
-        "--json", help="results path (default benchmarks/results/findings.json; smoke: --out)"
-    )
+    parser.add_argument("--json", help="results path (default docs/findings/findings.json; smoke: --out)")
     args = parser.parse_args(argv)
     if args.data or args.retriever_url or args.held_out:
         parser.error("the findings run on the embedded default (no --data, --retriever-url, --held-out)")
     args.embedded = not args.smoke  # the study's scale is the embedded default's
     size = SIZES["smoke" if args.smoke else "embedded"]
-    findings = study.select(args.findings)
+    findings = study.select(args.findings or size.get("findings"))
     if args.arms and not args.check:
         parser.error("--arms chooses the arms --check trains again")
     try:
@@ -112,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out = str(out)  # the job's folder too
     markdown = Path(args.markdown or (out / "findings.md" if args.smoke else ROOT / "docs" / "findings.md"))
     json_path = Path(
-        args.json
-        or (out / "findings.json" if args.smoke else ROOT / "benchmarks" / "results" / "findings.json")
+        args.json or (out / "findings.json" if args.smoke else ROOT / "docs" / "findings" / "findings.json")
     )
     if args.report_only:
         write_report(out, markdown, json_path, print)

@@ -1,6 +1,6 @@
 """Checking committed findings by training some of their arms again (``tuned_examples/findings.py --check``).
 
-A re-run arm is set beside the arm ``benchmarks/results/findings.json`` holds, seed by seed: the held-out
+A re-run arm is set beside the arm ``docs/findings/findings.json`` holds, seed by seed: the held-out
 EM of each seed trained again next to the committed one, and over the seeds re-run the difference of the
 two pooled EMs with a 95% interval. The committed file keeps each seed's EM, not its answers, so the
 interval treats the two runs as independent samples of ``questions`` answers a seed (a normal
