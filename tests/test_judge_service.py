@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from rllib_search.env.rewards import token_f1
+from rllib_search.env.rewards import exact_match
 from rllib_search.llm.family import SameFamilyJudgeError
 from rllib_search.llm.models import load_causal_lm
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
@@ -122,6 +122,30 @@ def test_a_batch_of_evidences_is_one_judge_call(judge_url):
     assert len(chat.answer_evidence(questions[:3], ["a", "b", "c"])) == 3
 
 
+def test_a_prompt_prefix_reaches_the_deployment_before_the_template(judge_url):
+    """A spec's ``prompt_prefix`` (and ``examples``, too long for the tiny judge's bound: see
+    test_judge_accuracy.py) is part of the run's config, and the client sends it before R-Search's
+    template: the served answers are those of the whole prompt sent as is, in-cluster and over HTTP."""
+    from rllib_search.env.judge import JudgePrompt
+
+    prefix = "Answer in a few words, as the examples do.\n\n"
+    questions, evidences = ["Who founded Quellon Works?", "Q2?"], ["Quellon Works: Mirelle Dask.", "E2."]
+    prompts = [JudgePrompt(prefix=prefix).fill(q, e) for q, e in zip(questions, evidences)]
+    body = {"max_tokens": 4, "temperature": 0.0, "stop": ["\n"]}
+    raw = requests.post(f"{judge_url}/completions", json={**body, "prompt": prompts}, timeout=60).json()
+    tokens = [
+        requests.post(f"{judge_url}/completions", json={**body, "prompt": [p]}, timeout=60).json()["usage"]
+        for p in (prompts[0], JudgePrompt().fill(questions[0], evidences[0]))
+    ]
+    assert tokens[0]["prompt_tokens"] > tokens[1]["prompt_tokens"] + 10  # the prefix's tokens were sent
+    expected = [choice["text"].strip() for choice in sorted(raw["choices"], key=lambda c: c["index"])]
+    options = {"prompt_prefix": prefix, "max_tokens": 4}
+    in_cluster = build_judge({"type": "serve", "app": "judge", **options})
+    over_http = build_judge({"type": "url", "url": judge_url, **options})
+    assert in_cluster.answer_evidence(questions, evidences) == expected
+    assert over_http.answer_evidence(questions, evidences) == expected
+
+
 def test_concurrent_requests_share_batches(judge_url):
     client = JudgeClient.from_app("judge", max_tokens=16, stop=())
     before = client.describe()
@@ -166,8 +190,11 @@ def test_the_cross_family_guard(judge_url, judge_model_dir, tmp_path):
 
 
 def test_the_bundled_gemma_answers_an_evidence_prompt(service):
-    """The CPU default judge: Gemma-3-270M (bundled), greedy, reads the answer off the evidence."""
+    """The CPU default judge: Gemma-3-270M (bundled), greedy, with the CPU recipe's worked examples before
+    R-Search's template, reads the answer off the evidence in a few words."""
     from ray import serve
+
+    from rllib_search.recipes.r_search import CPU_JUDGE_SPEC
 
     serve.run(
         build_judge_app({"model": "gemma3-270m", "num_replicas": 1, "ray_actor_options": {"num_cpus": 1}}),
@@ -175,7 +202,7 @@ def test_the_bundled_gemma_answers_an_evidence_prompt(service):
         route_prefix="/gemma_judge",
     )
     try:
-        client = JudgeClient.from_app("gemma_judge")
+        client = JudgeClient.from_app("gemma_judge", examples=CPU_JUDGE_SPEC["examples"])
         answers = client.answer_evidence(
             ["Who founded Quellon Works?", "Where was Tarquin Oskaley born?"],
             [
@@ -183,8 +210,8 @@ def test_the_bundled_gemma_answers_an_evidence_prompt(service):
                 "Tarquin Oskaley was born in Velmora, a river town.",
             ],
         )
-        assert token_f1(answers[0], ["Mirelle Dask"]) == 1.0
-        assert token_f1(answers[1], ["Velmora"]) > 0
+        assert exact_match(answers[0], ["Mirelle Dask"]) == 1.0, answers
+        assert exact_match(answers[1], ["Velmora"]) == 1.0, answers
         description = client.describe()
         assert description["model_type"] == "gemma3_text" and description["engine"] == "hf"
     finally:

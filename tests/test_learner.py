@@ -407,9 +407,6 @@ def test_config_validation(model_dir, world, corpus):
         make_config(SearchSFTConfig, model_dir, world, corpus).validate()
     with pytest.raises(ValueError, match="advantage_estimator"):
         make_config(SearchGRPOConfig, model_dir, world, corpus, advantage_estimator="a2c").validate()
-    with pytest.raises(ValueError, match="ZeRO-3 is not supported"):
-        zero3 = {"zero_optimization": {"stage": 3}}
-        make_config(SearchGRPOConfig, model_dir, world, corpus, deepspeed=zero3).validate()
     with pytest.raises(ValueError, match="needs a directory"):
         make_config(SearchGRPOConfig, model_dir, world, corpus).checkpointing(every_n_iterations=5).validate()
     with pytest.raises(ValueError, match="trained_turns must be"):
@@ -424,65 +421,6 @@ def test_config_validation(model_dir, world, corpus):
     )
     assert config.restart_failed_env_runners  # ours, and RLlib's settings pass through:
     assert config.max_num_env_runner_restarts == 7
-
-
-@pytest.mark.parametrize("learners", [0, 2], ids=["one_learner", "two_learners"])
-def test_deepspeed_zero2_gives_the_plain_update(
-    ray_cluster, model_dir, world, corpus, demonstrations, learners
-):
-    pytest.importorskip("deepspeed")
-    rows = demonstrations[:4]
-    weights = []
-    for deepspeed in (None, {"zero_optimization": {"stage": 2}}):
-        config = make_config(SearchGRPOConfig, model_dir, world, corpus, grad_clip=None, deepspeed=deepspeed)
-        if deepspeed is not None:
-            config.learners(num_learners=learners, num_cpus_per_learner=1)
-        algo = config.build_algo()
-        algo.learner_group.update(batch=with_advantages(rows, [1.0, -1.0, 0.5, -0.5], algo.config))
-        state = algo.learner_group.get_state(components="learner/rl_module/default_policy")
-        weights.append(
-            {k: torch.as_tensor(v) for k, v in state["learner"]["rl_module"]["default_policy"].items()}
-        )
-        algo.stop()
-    assert any(not torch.equal(weights[0][k], v) for k, v in policy_weights_of(model_dir).items())
-    for name in weights[0]:
-        torch.testing.assert_close(weights[1][name], weights[0][name], atol=1e-5, rtol=1e-4)
-
-
-def test_deepspeed_checkpoint_then_resume_gives_the_identical_next_update(
-    ray_cluster, model_dir, world, corpus, tmp_path
-):
-    """ZeRO's fp32 master partitions come back with the weights and the Adam moments."""
-    pytest.importorskip("deepspeed")
-    from ray.rllib.algorithms.algorithm import Algorithm
-
-    zero2 = {"zero_optimization": {"stage": 2}}
-    algo = make_config(
-        SearchGRPOConfig, model_dir, world, corpus, grad_clip=None, deepspeed=zero2
-    ).build_algo()
-    algo.train()
-    algo.save_to_path(str(tmp_path / "ckpt"))
-    algo.train()
-    expected = policy_weights(algo)
-    initial = {k.removeprefix("model."): v for k, v in policy_weights_of(model_dir).items()}
-    assert any(not torch.equal(expected[k], v) for k, v in initial.items())  # it trained
-
-    algo.restore_from_path(str(tmp_path / "ckpt"))  # in place: into a running DeepSpeed engine
-    algo.train()
-    resumed = Algorithm.from_checkpoint(str(tmp_path / "ckpt"))  # a new run
-    resumed.train()
-    for run in (algo, resumed):
-        got = policy_weights(run)
-        assert learner_of(run).optimizer_steps == 2
-        for name in expected:
-            torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
-        run.stop()
-
-
-def policy_weights_of(model_dir: str) -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    return {f"model.{k}": v for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
 
 
 def test_bf16_autocast_update_is_finite_and_trains(ray_cluster, model_dir, world, corpus, demonstrations):

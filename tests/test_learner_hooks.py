@@ -1,5 +1,5 @@
 """The Ray version's learner hooks that SearchTorchLearner relies on, and the one learning-rate writer
-(warmup boundary, a critic optimizer, and DeepSpeed's critic param group)."""
+(warmup boundary, a critic optimizer; the torch and the FSDP2-sharded learner)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from benchmarks.learner_bench import search_batch
 from rllib_search.algos import SearchPPOConfig
-from rllib_search.algos.learners.deepspeed_learner import SearchDeepSpeedLearner
+from rllib_search.algos.learners.fsdp import SearchFSDPLearner
 from rllib_search.algos.learners.lr_warmup import LearningRateWarmup
 from rllib_search.algos.learners.search_learner import SearchLearner
 from rllib_search.algos.learners.torch_learner import SearchTorchLearner
@@ -47,9 +47,16 @@ def test_ray_version_and_the_hooks_we_use():
     positions = [update.index(call) for call in calls]
     assert positions == sorted(positions)
     assert "compute_loss_for_module(" in source(Learner.compute_losses)
-    # RLlib's AMP scaler (read by our compute_gradients) and the DDP hook the DeepSpeed learner replaces.
+    # RLlib's AMP scaler (read by our compute_gradients) and the DDP hook the FSDP learner replaces; it
+    # shards in _make_module, which RLlib's build runs before it registers the optimizers.
     assert "self._grad_scalers" in source(TorchLearner.__init__)
     assert "self._make_modules_ddp_if_necessary()" in source(TorchLearner.build)
+    build = source(Learner.build)
+    assert build.index("self._make_module()") < build.index("self.configure_optimizers()")
+    # The optimizer state hooks the FSDP learner fills with full state dicts.
+    assert "self._get_optimizer_state()" in source(Learner.get_state)
+    assert "self._set_optimizer_state(" in source(Learner.set_state)
+    assert "self.postprocess_gradients_for_module(" in source(Learner.postprocess_gradients)
     # Optimizers registered without an lr schedule get none from RLlib (our warmup is the one writer).
     assert "lr_or_lr_schedule" in inspect.signature(Learner.register_optimizer).parameters
     assert "if lr_or_lr_schedule is not None" in source(Learner.register_optimizer)
@@ -61,9 +68,10 @@ def test_ray_version_and_the_hooks_we_use():
     hooks = {
         "build", "update", "get_state", "set_state", "configure_optimizers_for_module", "_update",
         "compute_loss_for_module", "compute_gradients", "postprocess_gradients", "apply_gradients",
-        "_make_modules_ddp_if_necessary",
+        "_make_modules_ddp_if_necessary", "_make_module", "_get_optimizer_state", "_set_optimizer_state",
+        "postprocess_gradients_for_module",
     }  # fmt: skip
-    for cls in (SearchLearner, SearchTorchLearner, SearchDeepSpeedLearner):
+    for cls in (SearchLearner, SearchTorchLearner, SearchFSDPLearner):
         shadowing = {
             name for name in vars(cls) if hasattr(TorchLearner, name) and not name.startswith(("__", "_abc"))
         }
@@ -117,14 +125,12 @@ def group_lrs(learner) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("deepspeed", [None, {"zero_optimization": {"stage": 2}}], ids=["torch", "deepspeed"])
-def test_one_learning_rate_writer_at_the_warmup_boundary_with_a_critic(model_dir, deepspeed):
-    if deepspeed is not None:
-        pytest.importorskip("deepspeed")
+@pytest.mark.parametrize("sharding", [None, "fsdp2"], ids=["torch", "fsdp2"])
+def test_one_learning_rate_writer_at_the_warmup_boundary_with_a_critic(model_dir, sharding):
     torch.manual_seed(0)
-    learner, vocab = ppo_learner(model_dir, deepspeed=deepspeed)
-    assert isinstance(learner, SearchDeepSpeedLearner if deepspeed else SearchTorchLearner)
-    # Two optimizers (torch) or one with two param groups (DeepSpeed); each keeps its own base rate.
+    learner, vocab = ppo_learner(model_dir, sharding=sharding)
+    assert isinstance(learner, SearchFSDPLearner if sharding else SearchTorchLearner)
+    # Two optimizers, each with its own base rate.
     assert sorted(group["base_lr"] for group in learner.param_groups()) == [1e-3, 1e-2]
     batch = search_batch(rows=2, length=64, vocab=vocab, seed=5)
     multi = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=2)

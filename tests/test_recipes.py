@@ -31,7 +31,7 @@ def test_paper_scale_presets_carry_the_papers_hyperparameters():
 
     r1 = r1_searcher_reinforce_pp(dataset="stage1.parquet", stage2_dataset="stage2.parquet")
     assert (r1.lr, r1.group_size, r1.kl_coeff, r1.advantage_estimator) == (2e-6, 16, 0.0, "reinforce_pp")
-    assert r1.deepspeed == {"zero_optimization": {"stage": 2}} and r1.env_config["max_turns"] == 9
+    assert r1.sharding == "fsdp2" and r1.env_config["max_turns"] == 9
     assert r1.reward_stages == [
         {"reward": "r1_searcher_stage1", "iterations": 6},
         {"reward": "r1_searcher_stage2", "dataset": "stage2.parquet"},
@@ -57,7 +57,8 @@ def test_paper_scale_gives_every_vllm_env_runner_a_gpu():
     for name, recipe in RECIPES.items():
         config = recipe(dataset="d")
         assert config.engine == "vllm" and config.num_env_runners > 0, name
-        assert config.num_gpus_per_env_runner == 1 and config.num_gpus_per_learner == 1, name
+        # Colocated: each learner and its EnvRunner share one GPU, half each.
+        assert config.colocate and config.num_gpus_per_env_runner == config.num_gpus_per_learner == 0.5, name
         config.validate_rollouts()
     gpuless = search_r1_grpo(dataset="d").env_runners(num_gpus_per_env_runner=0)
     with pytest.raises(ValueError, match="vLLM EnvRunners need a GPU each"):

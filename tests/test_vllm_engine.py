@@ -70,15 +70,16 @@ def test_load_weights_sleep_and_wake_up(engine, trained_path, tmp_path):
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     before = engine.generate(prefix, greedy)[0]
     version = engine.weights_version
-    engine.sleep()
-    engine.wake_up()
     engine.load_weights(other.state_dict())
     assert engine.weights_version == version + 1
     assert engine.generate(prefix, greedy)[0].token_ids != before.token_ids
     # The colocated order: sleep, the learner trains, the new weights (one flat buffer of the plain
-    # model's parameter names) wake the weights only, then wake_up brings the KV cache back.
+    # model's parameter names) wake the weights only, then wake_up brings the KV cache back. Level 2 (the
+    # default) dropped the weights: nothing wakes or generates before the new ones are in.
     trained, _ = load_causal_lm(str(trained_path), device="cpu", dtype=torch.float32)
     engine.sleep()
+    with pytest.raises(RuntimeError, match="level 2"):
+        engine.wake_up()
     engine.load_weights(engine_weights(trained, "float32"))
     assert engine.asleep and not engine.weights_asleep
     engine.wake_up()

@@ -1,8 +1,8 @@
 """R1-Searcher: two-stage outcome RL with REINFORCE++ (arXiv 2503.05592; ``recipes/r1_searcher.py``).
 
 ``config`` below is the paper's run: Qwen-2.5-7B-Base, 16 rollouts a question, 64 questions a rollout
-batch, lr 2e-6, DeepSpeed ZeRO-2, 4 vLLM EnvRunners and 4 learners with a GPU each; stage 1 (retrieval +
-format reward) for 6 iterations on its own questions, then stage 2 (answer F1, -2 for a broken format).
+batch, lr 2e-6, 4 FSDP2-sharded learners each sharing its GPU with a vLLM EnvRunner; stage 1 (retrieval
++ format reward) for 6 iterations on its own questions, then stage 2 (answer F1, -2 for a broken format).
 The stage is in every result (``env_runners/reward_stage``) and in checkpoints.
 
     RAY_AUTH_MODE=token ray job submit --working-dir . -- python tuned_examples/r1_searcher.py \\

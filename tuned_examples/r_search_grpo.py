@@ -3,7 +3,7 @@ another family (``recipes/r_search.py``).
 
 ``config`` below is the paper's run: Qwen-2.5-7B-Instruct on 2WikiMultiHopQA, 5 samples a prompt, batch
 256, lr 1e-6 (95% warmup), KL 0.001, γ_e = γ_a = 0.2, judged by Llama-3.2-3B-Instruct at temperature 0.1;
-4 vLLM EnvRunners and 4 learners with a GPU each (``recipes/scales.py``).
+4 learners each sharing its GPU with a vLLM EnvRunner (``recipes/scales.py``).
 Deploy the judge first (either way):
 
     rllib-search serve judge --engine vllm --model meta-llama/Llama-3.2-3B-Instruct --num-gpus 1 \\

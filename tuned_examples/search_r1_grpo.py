@@ -1,8 +1,8 @@
 """Search-R1 GRPO (arXiv 2503.09516, section 4.3; ``recipes/search_r1.py`` holds the hyperparameters).
 
 ``config`` below is the paper's run: Qwen2.5-3B, 5 samples per prompt, 512 prompts an iteration, lr 1e-6
-with 28.5% warmup, k3 KL 0.001, 4 vLLM EnvRunners and 4 learners with a GPU each (bf16 autocast over fp32
-master weights; ``recipes/scales.py``), the E5 retriever on Ray Serve.
+with 28.5% warmup, k3 KL 0.001, 4 learners each sharing its GPU with a vLLM EnvRunner (bf16 autocast over
+fp32 master weights; ``recipes/scales.py``), the E5 retriever on Ray Serve.
 
     # on a GPU cluster (the retriever app deployed: serve deploy tuned_examples/serve_gpu.yaml)
     RAY_AUTH_MODE=token ray job submit --working-dir . -- \\

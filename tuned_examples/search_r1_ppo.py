@@ -2,7 +2,7 @@
 
 ``config`` below is the paper's run: Qwen2.5-3B with a value head, one response per prompt, 512 prompts an
 iteration, actor lr 1e-6 (95% warmup), critic lr 1e-5, GAE gamma = lambda = 1, KL 0.001 in the reward; 4
-vLLM EnvRunners and 4 learners with a GPU each (``recipes/scales.py``).
+learners each sharing its GPU with a vLLM EnvRunner (``recipes/scales.py``).
 
     RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
         python tuned_examples/search_r1_ppo.py --data nq_hotpotqa_train.parquet --held-out test.parquet

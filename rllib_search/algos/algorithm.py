@@ -36,10 +36,12 @@ a Hugging Face directory (model + tokenizer; LoRA merged) that transformers and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,9 +63,22 @@ from ray.rllib.utils.metrics import (
 
 from rllib_search.algos import dashboard_metrics
 from rllib_search.algos.checkpoints.check import check_checkpoint
-from rllib_search.algos.checkpoints.periodic import PeriodicCheckpoints, latest_checkpoint
-from rllib_search.algos.learners.advantages import grpo_advantages, reinforce_pp_baseline
+from rllib_search.algos.checkpoints.periodic import (
+    PeriodicCheckpoints,
+    checkpoint_iteration,
+    checkpoints,
+    latest_checkpoint,
+)
+from rllib_search.algos.colocation import (
+    check_pairs,
+    pair_bundle,
+    paired_runner_groups,
+    pairs_of,
+    reserve_pairs,
+)
+from rllib_search.algos.learners.advantages import grpo_advantages, overlong_penalty, reinforce_pp_baseline
 from rllib_search.algos.learners.batching import keep_first_turns, pad_rollouts
+from rllib_search.algos.learners.offload import EVENTS_KEPT, OFFLOAD, ONLOAD
 from rllib_search.algos.rollouts.dynamic_sampling import informative_groups
 from rllib_search.algos.rollouts.record import Rollout
 from rllib_search.algos.rollouts.reward_schedule import RewardSchedule
@@ -76,8 +91,13 @@ IN_FLIGHT = "one_step_off_sample"  # the tag of a launched one-step-off sample
 
 
 def episode_advantages(rollouts: list[Rollout], config: Any) -> np.ndarray:
-    """Per-episode advantage signal for the learner, computed over whole groups (see module docstring)."""
+    """Per-episode advantage signal for the learner, computed over whole groups (see module docstring), from
+    the episodes' rewards plus DAPO's overlong penalty where ``overlong_buffer_fraction`` is set."""
     rewards = np.asarray([r.reward for r in rollouts], dtype=np.float64)
+    if config.overlong_buffer_fraction > 0:
+        budget = config.response_token_budget()
+        buffer = max(1, round(budget * config.overlong_buffer_fraction))
+        rewards = rewards + overlong_penalty([r.num_generated_tokens for r in rollouts], budget, buffer)
     groups = [r.group_id for r in rollouts]
     estimator = config.advantage_estimator
     if estimator == "grpo":
@@ -166,7 +186,16 @@ class SearchAlgorithm(Algorithm):
         self._sample_in_flight = False  # a one-step-off sample launched and not yet collected
         stages = config.reward_stages
         self.reward_schedule = RewardSchedule(stages) if stages else None
-        super().setup(config)
+        # The driver's side of the colocated order: ("update", time.monotonic_ns()), the last ones.
+        self.colocation_events: deque[tuple[str, int]] = deque(maxlen=EVENTS_KEPT)
+        self._pairs = None
+        if pairs_of(config) and ray.util.get_current_placement_group() is None:
+            check_pairs(config)
+            self._pairs = reserve_pairs(config)
+        with paired_runner_groups(self._pairs):
+            super().setup(config)
+        if self.config.colocate:  # the engines hold the GPUs first: sampling comes first
+            self._learners_colocation(OFFLOAD)
         self._ptx_sampler = None
         if self.config.ptx_coeff > 0:
             count = len(self.config.ptx_demonstrations)
@@ -180,8 +209,9 @@ class SearchAlgorithm(Algorithm):
             if self.config.dynamic_sampling_rounds
             else self.sample_rollouts()
         )
-        if self.config.colocate:  # the learners get the GPU memory until the new weights are in the engines
+        if self.config.colocate:  # the engines sleep, the learners come back (learners/offload.py)
             self._foreach_runner(lambda runner: runner.release_engine())
+            self._learners_colocation(ONLOAD)
         batch = train_batch(
             rollouts,
             self.config,
@@ -207,6 +237,8 @@ class SearchAlgorithm(Algorithm):
                 shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
             )
             seconds = time.perf_counter() - started
+        if self.config.colocate:
+            self.colocation_events.append(("update", time.monotonic_ns()))
         self.metrics.aggregate(results, key=LEARNER_RESULTS)
         self.log_batch_weights_lag(rollouts)
         trained = int(episode_loss_mask.sum()) * self.config.num_epochs
@@ -217,7 +249,8 @@ class SearchAlgorithm(Algorithm):
             self.env_runner_group.sync_weights(
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
-        if self.config.colocate:
+        if self.config.colocate:  # the learners leave the GPU, then the engines take their KV caches back
+            self._learners_colocation(OFFLOAD)
             self._foreach_runner(lambda runner: runner.restore_engine())
         self._advance_reward_schedule()
         if (
@@ -290,6 +323,11 @@ class SearchAlgorithm(Algorithm):
                 schedule.index,
                 schedule.stage.reward,
             )
+
+    def _learners_colocation(self, phase: str) -> None:
+        """``phase`` (offload or onload, ``learners/offload.py``) on every learner, waited for."""
+        for result in self.learner_group.foreach_learner(lambda learner: learner.colocation(phase)):
+            result.get()
 
     def _foreach_runner(self, func: Any) -> list[Any]:
         """``func`` on every sampling EnvRunner (the local one when there are no remote ones), waited for."""
@@ -472,6 +510,25 @@ class SearchAlgorithm(Algorithm):
     def cleanup(self) -> None:
         dashboard_metrics.uninstall(self)
         super().cleanup()
+        if getattr(self, "_pairs", None) is not None:
+            ray.util.remove_placement_group(self._pairs)
+            self._pairs = None
+
+    @classmethod
+    def default_resource_request(cls, config: Any) -> Any:
+        """RLlib's request to Tune; with colocated pairs, the driver's bundle and then one bundle per
+        learner/EnvRunner pair (``algos/colocation.py``): RLlib puts EnvRunner i on bundle i and the
+        learners into the trial's group, where each fits only beside a runner."""
+        request = super().default_resource_request(config)
+        if isinstance(config, dict):
+            config = cls.get_default_config().update_from_dict(config)
+        if not pairs_of(config):
+            return request
+        check_pairs(config)
+        from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+        bundles = [request.bundles[0]] + [pair_bundle(config)] * pairs_of(config)
+        return PlacementGroupFactory(bundles=bundles, strategy=config.placement_strategy)
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         state = super().get_state(*args, **kwargs)
@@ -504,21 +561,79 @@ class SearchAlgorithm(Algorithm):
         if not kwargs.get("component"):
             check_checkpoint(path)
         self._drain_sample_in_flight()
-        super().restore_from_path(path, *args, **kwargs)
-        self._push_to_remote_runners(weights=True)
+        with self.learners_onloaded():
+            super().restore_from_path(path, *args, **kwargs)
+            self._push_to_remote_runners(weights=True)
+
+    def save_to_path(self, *args: Any, **kwargs: Any) -> Any:
+        """RLlib's save, with colocated learners on their GPUs while their state is read
+        (:meth:`learners_onloaded`)."""
+        with self.learners_onloaded():
+            return super().save_to_path(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def learners_onloaded(self) -> Iterator[None]:
+        """With ``rollouts(colocate=True)``, the learners back on their GPUs for what reads or writes their
+        whole state outside an update (a checkpoint, a restore, an export, a weight snapshot): the engines
+        sleep at vLLM level 1 (their weights wait in host memory, so waking needs no new ones), the learners
+        come back, and afterwards leave again and the engines wake. Nothing happens without colocation, or
+        inside another such block."""
+        if not self.config.colocate or getattr(self, "_onloaded_depth", 0):
+            yield
+            return
+        self._onloaded_depth = 1
+        self._foreach_runner(lambda runner: runner.release_engine(level=1))
+        self._learners_colocation(ONLOAD)
+        try:
+            yield
+        finally:
+            self._learners_colocation(OFFLOAD)
+            self._foreach_runner(lambda runner: runner.restore_engine())
+            self._onloaded_depth = 0
 
     # --- periodic checkpoints (algos/checkpoints/periodic.py) ----------------------------------------------
     def train(self) -> dict[str, Any]:
-        """RLlib's ``train()``; then, when ``config.checkpointing(...)`` asks for it, a checkpoint of this
-        iteration (its path under ``checkpoint_path`` in the result)."""
+        """RLlib's ``train()``; then the collapse monitors and their guard (``algos/collapse.py``: the
+        result's ``collapse/``; a breach warns, stops or rolls back), and, when ``config.checkpointing(...)``
+        asks for it, a checkpoint of this iteration (its path under ``checkpoint_path`` in the result)."""
         result = super().train()
         cfg = self.config
+        if getattr(self, "_collapse_guard", None) is None:
+            self._collapse_guard = cfg.make_collapse_guard()
+        guard = self._collapse_guard
+        action = guard.check(result, self.iteration)
+        if action == "rollback":
+            action = self._roll_back(result, guard)
+        if action == "stop":
+            result["done"] = True  # Tune ends the trial; a recipe's loop stops
         saver = PeriodicCheckpoints(
             cfg.checkpoint_dir or "", cfg.checkpoint_every_n_iterations, cfg.checkpoint_keep_last
         )
-        if cfg.checkpoint_dir and saver.due(self.iteration):
+        # Under a rollback guard, a checkpoint is written only while every monitor holds: it must be good.
+        holding = cfg.collapse_on_breach != "rollback" or guard.first_bad_iteration is None
+        rolled_back = "rolled_back_to" in result["collapse"]
+        if cfg.checkpoint_dir and saver.due(self.iteration) and holding and not rolled_back:
             result["checkpoint_path"] = str(saver.save(self, self.iteration))
         return result
+
+    def _roll_back(self, result: dict[str, Any], guard: Any) -> str | None:
+        """Restore the newest periodic checkpoint saved before the breach began; "stop" when there is none."""
+        before = guard.first_bad_iteration
+        candidates = [
+            path
+            for path in checkpoints(self.config.checkpoint_dir)
+            if (iteration := checkpoint_iteration(path)) is not None
+            and before is not None
+            and iteration < before
+        ]
+        if not candidates:
+            logger.warning("collapse guard: no checkpoint saved before iteration %s to roll back to", before)
+            return "stop"
+        self.restore_from_path(str(candidates[-1]))
+        guard.rolled_back()
+        result["collapse"]["rolled_back_to"] = str(candidates[-1])
+        logger.warning("collapse guard: rolled back to %s", candidates[-1])
+        return None
 
     def restore_latest(self, directory: str | Path | None = None) -> Path | None:
         """Restore the newest complete checkpoint under ``directory`` (default: the config's checkpoint
@@ -537,36 +652,61 @@ class SearchAlgorithm(Algorithm):
 
     # --- evaluation and export --------------------------------------------------------------------
     def evaluate_questions(self, records: list[Any], temperature: float = 0.0) -> list[Rollout]:
-        """One episode per record with the current weights (greedy by default), on the local EnvRunner."""
-        runner = self.env_runner
-        if runner is None:
-            raise RuntimeError("evaluate_questions needs a local EnvRunner (num_env_runners=0)")
-        return runner.rollout_records(records, temperature=temperature)
+        """One episode per record with the current weights (greedy by default), in the records' order: on
+        the local EnvRunner, or spread over the remote ones where they exist (the driver's holds no
+        policy)."""
+        group = self.env_runner_group
+        if group.num_remote_env_runners() == 0:
+            return self.env_runner.rollout_records(records, temperature=temperature)
+        indices = [index for index in self._remote_runner_ids() if index in group.healthy_env_runner_ids()]
+        shares = {index: records[n :: len(indices)] for n, index in enumerate(indices)}
+        shares = {index: share for index, share in shares.items() if share}
+
+        def evaluate(runner: Any) -> tuple[int, list[Rollout]]:
+            share = shares[runner.worker_index]
+            return runner.worker_index, runner.rollout_records(share, temperature=temperature)
+
+        done = dict(
+            group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=list(shares))
+        )
+        if set(done) != set(shares):
+            raise RuntimeError(f"EnvRunners {sorted(set(shares) - set(done))} failed to evaluate their share")
+        rollouts: list[Rollout] = list(records)  # placeholders, each replaced by its record's episode
+        for n, index in enumerate(indices):
+            rollouts[n :: len(indices)] = done.get(index, [])
+        return rollouts
 
     def on_policy_module(self, fn: Callable[[Any], T]) -> T:
         """``fn(module)`` on the first learner's policy RLModule (unwrapped), where the trained weights
-        live; its result returned. ``fn`` must not change the weights."""
+        live (sharded learners: on an unsharded copy, ``learners/fsdp.py``); its result returned. ``fn`` must
+        not change the weights."""
+        sharded = getattr(self.learner_group, "on_policy_module", None)
 
         def call(learner: Any) -> T:
             return fn(learner.module[DEFAULT_MODULE_ID].unwrapped())
 
         options = {} if self.learner_group.is_local else {"remote_actor_ids": [0]}
-        return next(iter(self.learner_group.foreach_learner(call, **options))).get()
+        with self.learners_onloaded():
+            if sharded is not None:
+                return sharded(fn)
+            return next(iter(self.learner_group.foreach_learner(call, **options))).get()
 
     def policy_weights(self) -> dict[str, Any]:
         """A copy of the policy's weights as the learners hold them (``load_policy_weights`` puts it back):
         a snapshot, e.g. of the iteration a validation reading prefers."""
         # A local learner's state is numpy views of the live tensors: copied, or the next update changes it.
-        return copy.deepcopy(self.learner_group.get_weights())
+        with self.learners_onloaded():
+            return copy.deepcopy(self.learner_group.get_weights())
 
     def load_policy_weights(self, weights: dict[str, Any]) -> None:
         """Put ``policy_weights()`` back on every learner and EnvRunner (the optimizer state is kept)."""
         self._drain_sample_in_flight()
-        self.learner_group.set_weights(weights)
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group, inference_only=True
-        )
-        self._push_to_remote_runners(weights=True)
+        with self.learners_onloaded():
+            self.learner_group.set_weights(weights)
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group, inference_only=True
+            )
+            self._push_to_remote_runners(weights=True)
 
     def retune_optimizer(self, lr: float | None = None, momentum: bool = True) -> None:
         """On every learner: the base learning rate ``lr`` (None: unchanged) and whether AdamW keeps its

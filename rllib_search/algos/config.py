@@ -16,13 +16,30 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from rllib_search.algos.learners.losses import AGGREGATIONS
 from rllib_search.algos.learners.lr_warmup import LearningRateWarmup
-from rllib_search.env.search_env import ENV_ID
+from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
 
 ENGINES = ("hf", "vllm")
 ENGINE_DTYPES = (None, "float32", "bfloat16", "float16")
 ADVANTAGE_ESTIMATORS = ("grpo", "gae", "reinforce_pp", "sft")
 KL_ESTIMATORS = ("k1", "k3")
+# Each policy loss and the settings it brings where ``training()`` is not told otherwise in the same call.
+POLICY_LOSSES: dict[str, dict[str, Any]] = {
+    "grpo": {},
+    # GSPO (Zheng et al., 2025): sequence-level ratios, clipped at 3e-4 / 4e-4 (section 5.1).
+    "gspo": {"clip_param": 3e-4, "clip_param_high": 4e-4, "loss_aggregation": "sequence"},
+    # Dr. GRPO (Liu et al., 2025): no std scaling of advantages, one constant length normaliser.
+    "dr_grpo": {"scale_by_std": False, "loss_aggregation": "constant"},
+    # DAPO (Yu et al., 2025): clip-higher (0.2 / 0.28), token-level loss, soft overlong punishment.
+    "dapo": {
+        "clip_param": 0.2,
+        "clip_param_high": 0.28,
+        "loss_aggregation": "token",
+        "overlong_buffer_fraction": 0.2,
+    },
+}
+SHARDINGS = (None, "fsdp2")
 
 
 class SearchConfig(AlgorithmConfig):
@@ -66,7 +83,11 @@ class SearchConfig(AlgorithmConfig):
         self.grad_clip_by = "global_norm"
         self.gamma = 1.0
         self.lambda_ = 1.0
+        self.policy_loss = "grpo"
         self.clip_param = 0.2
+        self.clip_param_high: float | None = None  # None: clip_param (DAPO's clip-higher sets it above)
+        self.max_response_tokens: int | None = None  # None: max_turns x max_turn_tokens
+        self.overlong_buffer_fraction = 0.0  # DAPO's soft overlong punishment; 0: off
         self.vf_clip_param = 0.5
         self.vf_loss_coeff = 0.5
         self.entropy_coeff = 0.0
@@ -81,7 +102,7 @@ class SearchConfig(AlgorithmConfig):
         self.trained_turns: int | None = None
         self.old_logprobs = "sampler"
         self.micro_batch_size = 4
-        self.deepspeed: dict[str, Any] | None = None
+        self.sharding: str | None = None  # None: DDP across learners; "fsdp2": FSDP2-sharded learners
         self.autocast: bool | None = None
         # PPO-ptx (InstructGPT; OpenRLHF's ptx_coef): a masked NLL on demonstrations in every RL update.
         self.ptx_demonstrations: list[Any] | None = None
@@ -105,6 +126,11 @@ class SearchConfig(AlgorithmConfig):
         self.checkpoint_dir: str | None = None
         self.checkpoint_every_n_iterations = 0
         self.checkpoint_keep_last = 3
+        # Collapse monitors and their guard (algos/collapse.py): bands per monitor, and what a breach does.
+        self.collapse_bands: dict[str, tuple[float | None, float | None]] = {}
+        self.collapse_on_breach = "warn"
+        self.collapse_patience = 1
+        self.collapse_max_rollbacks = 2
 
     def rollouts(
         self,
@@ -137,9 +163,12 @@ class SearchConfig(AlgorithmConfig):
         machine). vLLM takes it as its ``dtype``.
 
         ``colocate``: the EnvRunners share their GPUs with the learners (fractional
-        ``num_gpus_per_env_runner`` and ``num_gpus_per_learner``, e.g. 0.5 each): every engine sleeps
-        (vLLM sleep mode: weights and KV cache off the GPU) from the end of sampling until the learner
-        update and the weight sync are done, then wakes up.
+        ``num_gpus_per_env_runner`` and ``num_gpus_per_learner``, e.g. 0.5 each; as many learners as
+        EnvRunners): learner i and EnvRunner i are placed on one GPU, one placement-group bundle per pair
+        (``algos/colocation.py``). While the engines sample, the learners' weights, gradients and optimizer
+        state wait in host memory; then the engines sleep (vLLM sleep mode), the learners come back and
+        update, the new weights go to the engines, the learners leave again and the engines wake
+        (``algos/learners/offload.py``).
 
         ``one_step_off`` (off by default): sampling overlaps learning, as verl's one-step-off pipeline. While
         the learners update on iteration k's episodes, the remote EnvRunners already sample iteration k+1
@@ -268,6 +297,42 @@ class SearchConfig(AlgorithmConfig):
             self.ptx_batch_size = int(batch_size)
         return self
 
+    def collapse_guard(
+        self,
+        *,
+        bands: dict[str, tuple[float | None, float | None]] | Any = NotProvided,
+        on_breach: str | Any = NotProvided,
+        patience: int | Any = NotProvided,
+        max_rollbacks: int | Any = NotProvided,
+    ) -> SearchConfig:
+        """Bands on the collapse monitors (``algos/collapse.py``: ``entropy``, ``kl``, ``response_tokens``,
+        ``searches``, ``valid_actions``, ``format_valid``, ``correct_likelihood``, ``reward``), e.g.
+        ``bands={"entropy": (0.1, None), "valid_actions": (0.5, None)}``, and what a monitor outside its band
+        for ``patience`` iterations in a row does: ``"warn"``, ``"stop"`` (the result's ``done``), or
+        ``"rollback"`` to the newest periodic checkpoint saved before the breach (needs
+        ``checkpointing(directory=..., every_n_iterations=...)``; after ``max_rollbacks`` it stops). The
+        monitors are in every result under ``collapse/`` whether or not bands are set."""
+        if bands is not NotProvided:
+            self.collapse_bands = {name: tuple(band) for name, band in dict(bands or {}).items()}
+        if on_breach is not NotProvided:
+            self.collapse_on_breach = on_breach
+        if patience is not NotProvided:
+            self.collapse_patience = int(patience)
+        if max_rollbacks is not NotProvided:
+            self.collapse_max_rollbacks = int(max_rollbacks)
+        return self
+
+    def make_collapse_guard(self) -> Any:
+        """The :class:`~rllib_search.algos.collapse.CollapseGuard` of these settings (it checks them)."""
+        from rllib_search.algos.collapse import CollapseGuard
+
+        return CollapseGuard(
+            bands=dict(self.collapse_bands),
+            on_breach=self.collapse_on_breach,
+            patience=self.collapse_patience,
+            max_rollbacks=self.collapse_max_rollbacks,
+        )
+
     def checkpointing(
         self,
         *,
@@ -299,7 +364,11 @@ class SearchConfig(AlgorithmConfig):
         total_training_steps: int | Any | None = NotProvided,
         lr_decay: str | Any = NotProvided,
         lambda_: float | Any = NotProvided,
+        policy_loss: str | Any = NotProvided,
         clip_param: float | Any = NotProvided,
+        clip_param_high: float | Any | None = NotProvided,
+        max_response_tokens: int | Any | None = NotProvided,
+        overlong_buffer_fraction: float | Any = NotProvided,
         vf_clip_param: float | Any = NotProvided,
         vf_loss_coeff: float | Any = NotProvided,
         entropy_coeff: float | Any = NotProvided,
@@ -313,7 +382,7 @@ class SearchConfig(AlgorithmConfig):
         trained_turns: int | Any | None = NotProvided,
         old_logprobs: str | Any = NotProvided,
         micro_batch_size: int | Any = NotProvided,
-        deepspeed: dict[str, Any] | Any | None = NotProvided,
+        sharding: str | Any | None = NotProvided,
         autocast: bool | Any | None = NotProvided,
         **kwargs: Any,
     ) -> SearchConfig:
@@ -324,34 +393,90 @@ class SearchConfig(AlgorithmConfig):
         - ``critic_lr``, ``weight_decay`` (AdamW), ``warmup_ratio`` of ``total_training_steps`` optimizer
           steps of linear warmup, then ``lr_decay``: ``constant`` or ``linear`` (to 0 at
           ``total_training_steps``);
+        - ``policy_loss``: ``grpo`` (per-token ratios clipped at ``clip_param``: PPO's and GRPO's surrogate)
+          | ``gspo`` (one ratio per sequence) | ``dr_grpo`` | ``dapo``; each sets its paper's settings
+          (``POLICY_LOSSES``) where this call does not set them: GSPO clips at 3e-4 / 4e-4; Dr. GRPO drops
+          the std scaling and divides by a constant (``max_response_tokens``); DAPO clips at 0.2 / 0.28,
+          averages over tokens and punishes overlong responses (``overlong_buffer_fraction`` 0.2);
+        - ``clip_param_high`` (None: ``clip_param``), ``max_response_tokens`` (the response budget in
+          generated tokens; None: ``max_turns`` x ``max_turn_tokens``), ``overlong_buffer_fraction``: the
+          last fraction of that budget over which DAPO's reward penalty falls from 0 to -1 (0: off);
         - ``lambda_`` (GAE), ``clip_param``, ``vf_clip_param``, ``vf_loss_coeff``, ``entropy_coeff``;
         - ``kl_coeff``, ``kl_estimator`` (``k1`` | ``k3``), ``kl_in_reward`` (PPO, REINFORCE++) or in the
           loss (GRPO);
         - ``scale_by_std`` (GRPO), ``whiten_advantages`` (GAE), ``loss_aggregation`` (``sequence`` |
-          ``token``), ``mask_retrieved_tokens`` (False only for Search-R1's ablation), ``old_logprobs``
-          (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the learner, as verl);
+          ``token`` | ``constant``), ``mask_retrieved_tokens`` (False only for Search-R1's ablation),
+          ``old_logprobs`` (``sampler``: the engine's log-probs; ``recompute``: a forward pass of the
+          learner, as verl);
         - ``trained_turns``: the RL loss covers only the first N assistant turns of each episode (the
           episode's reward still judges the whole episode), e.g. 1 to let RL change the plan and the first
           query while later turns stay as the warm start wrote them; the learner then trains on the
           episodes cut after those turns (None: every turn); demonstrations (PPO-ptx) keep every turn;
         - ``micro_batch_size``: episodes per forward/backward; gradients accumulate over a mini-batch;
-        - ``deepspeed``: None (DDP across learners) or a DeepSpeed config dict, e.g.
-          ``{"zero_optimization": {"stage": 2}}`` (ZeRO-2: gradients and optimizer state partitioned;
-          stage 3 is refused, see ``algos/learners/deepspeed_learner.py``);
+        - ``sharding``: None (each learner holds the whole model; DDP across learners) or ``"fsdp2"``
+          (torch FSDP2: weights, gradients, AdamW's moments and the reference sharded over the learners;
+          see ``algos/learners/fsdp.py``);
         - ``autocast``: bf16 autocast of forward and backward passes over the fp32 master weights (None:
           on GPU only).
         """
-        for name, value in list(locals().items()):
-            if name not in ("self", "kwargs", "__class__") and value is not NotProvided:
-                setattr(self, name, value)
+        given = {
+            name: value
+            for name, value in locals().items()
+            if name not in ("self", "kwargs", "__class__") and value is not NotProvided
+        }
+        if "policy_loss" in given:  # the variant's own settings, under what this call sets itself
+            given = {**POLICY_LOSSES.get(given["policy_loss"], {}), **given}
+        for name, value in given.items():
+            setattr(self, name, value)
         super().training(**kwargs)
         return self
 
-    def get_default_learner_class(self) -> type:
-        if self.deepspeed:
-            from rllib_search.algos.learners.deepspeed_learner import SearchDeepSpeedLearner
+    def response_token_budget(self) -> int:
+        """The most tokens a response generates: ``max_response_tokens``, or every turn at its budget."""
+        if self.max_response_tokens:
+            return int(self.max_response_tokens)
+        max_turns = dict(self.env_config or {}).get("max_turns", SearchEnvConfig().max_turns)
+        return int(max_turns) * int(self.max_turn_tokens)
 
-            return SearchDeepSpeedLearner
+    def build_learner_group(
+        self, *, env: Any = None, spaces: Any = None, rl_module_spec: Any = None, placement_group: Any = None
+    ) -> Any:
+        """RLlib's LearnerGroup (with ``sharding``, its subclass that gathers every learner's state at once:
+        ``learners/fsdp.py``); while a colocated Algorithm builds its actors, in the placement group of
+        its learner/EnvRunner pairs (``algos/colocation.py``)."""
+        from ray.rllib.core.learner.learner_group import LearnerGroup
+
+        from rllib_search.algos.colocation import building_pairs
+
+        group_class = LearnerGroup
+        if self.sharding:
+            from rllib_search.algos.learners.fsdp import FSDPLearnerGroup
+
+            group_class = FSDPLearnerGroup
+        if rl_module_spec is None:
+            rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
+        placement_group = placement_group or building_pairs()
+        return group_class(config=self.copy(), module_spec=rl_module_spec, placement_group=placement_group)
+
+    def build_algo(self, *args: Any, **kwargs: Any) -> Any:
+        """RLlib's ``build_algo``, once the run's resource and memory plan fits the Ray cluster (see
+        :meth:`check_plan`)."""
+        self.check_plan()
+        return super().build_algo(*args, **kwargs)
+
+    def check_plan(self) -> Any:
+        """The plan of a GPU config (GPU learners or vLLM rollouts; ``algos/plan``) against the running Ray
+        cluster, before any actor starts: a run it cannot place or whose GPUs it does not fit raises
+        ``PlanError`` with the numbers, instead of actors left pending. None for a CPU config."""
+        from rllib_search.algos.plan import check_config
+
+        return check_config(self)
+
+    def get_default_learner_class(self) -> type:
+        if self.sharding == "fsdp2":
+            from rllib_search.algos.learners.fsdp import SearchFSDPLearner
+
+            return SearchFSDPLearner
         from rllib_search.algos.learners.torch_learner import SearchTorchLearner
 
         return SearchTorchLearner
@@ -366,6 +491,18 @@ class SearchConfig(AlgorithmConfig):
         self.validate_rollouts()
         self.validate_training()
         self.validate_one_step_off()
+        self.validate_collapse_guard()
+
+    def validate_collapse_guard(self) -> None:
+        """The guard's bands and action; a rollback needs periodic checkpoints to roll back to."""
+        self.make_collapse_guard()
+        if self.collapse_on_breach == "rollback" and not (
+            self.checkpoint_dir and self.checkpoint_every_n_iterations > 0
+        ):
+            raise ValueError(
+                "collapse_guard(on_breach='rollback') needs periodic checkpoints: "
+                "checkpointing(directory=..., every_n_iterations=N)"
+            )
 
     def validate_one_step_off(self) -> None:
         """Refuse one-step-off sampling where it cannot overlap or would be wrong (the training config's
@@ -404,8 +541,18 @@ class SearchConfig(AlgorithmConfig):
             raise ValueError(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}")
-        if self.loss_aggregation not in ("sequence", "token"):
-            raise ValueError("loss_aggregation must be 'sequence' or 'token'")
+        if self.loss_aggregation not in AGGREGATIONS:
+            raise ValueError(f"loss_aggregation must be one of {AGGREGATIONS}")
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"policy_loss must be one of {tuple(POLICY_LOSSES)}, got {self.policy_loss!r}")
+        if self.clip_param_high is not None and not float(self.clip_param_high) > 0:
+            raise ValueError(f"clip_param_high must be None or positive, got {self.clip_param_high}")
+        if not 0 <= float(self.overlong_buffer_fraction) <= 1:
+            raise ValueError(
+                f"overlong_buffer_fraction must be in [0, 1], got {self.overlong_buffer_fraction}"
+            )
+        if self.max_response_tokens is not None and int(self.max_response_tokens) < 1:
+            raise ValueError(f"max_response_tokens must be None or positive, got {self.max_response_tokens}")
         if self.old_logprobs not in ("sampler", "recompute"):
             raise ValueError("old_logprobs must be 'sampler' or 'recompute'")
         if not 0 <= self.warmup_ratio < 1:
@@ -440,14 +587,12 @@ class SearchConfig(AlgorithmConfig):
             raise ValueError("gamma and lambda_ must be in [0, 1]")
         if int(self.micro_batch_size) < 1:
             raise ValueError(f"micro_batch_size must be at least 1, got {self.micro_batch_size}")
-        if self.deepspeed is not None and not isinstance(self.deepspeed, dict):
-            raise ValueError("deepspeed must be None or a DeepSpeed config dict")
-        stage = int(((self.deepspeed or {}).get("zero_optimization") or {}).get("stage", 0))
-        if stage >= 3:
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding and (self.torch_compile_learner or self._torch_grad_scaler_class):
             raise ValueError(
-                "DeepSpeed ZeRO-3 is not supported: scoring, the frozen reference, the weight sync and the "
-                "export read the policy's whole parameters, which ZeRO-3 partitions across learners; use "
-                "stage 2 (gradients and optimizer state partitioned), LoRA, or gradient checkpointing"
+                "sharding='fsdp2' runs eager with bf16 gathers: leave torch_compile_learner and the AMP grad "
+                "scaler unset"
             )
         if int(self.checkpoint_every_n_iterations) < 0 or int(self.checkpoint_keep_last) < 0:
             raise ValueError("checkpointing every_n_iterations and keep_last must be >= 0")

@@ -27,6 +27,14 @@ import torch
 ALIGN = 16
 
 
+def engine_dtype_of(config: object) -> str:
+    """The dtype a vLLM EnvRunner generates in, and so the dtype the learner packs its weights in:
+    ``rollouts(engine_dtype=...)``, else ``engine_options["dtype"]``, else ``bfloat16``. The runner hands
+    vLLM the same value, so the weights arrive in the engine's own dtype (no cast, half of fp32's bytes)."""
+    dtype = getattr(config, "engine_dtype", None) or dict(getattr(config, "engine_options", {})).get("dtype")
+    return str(dtype or "bfloat16")
+
+
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,14 +196,19 @@ def warm_start(
     say: Any = print,
 ) -> Path:
     """Masked SFT of ``model`` on teacher trajectories of ``records`` (through the real retriever and envs,
-    so demonstrations have RL's token layout and masks), exported to ``out_dir``; returns the export.
+    so demonstrations have RL's token layout and masks) as a Ray Train ``TorchTrainer``
+    (``algos/sft_trainer.py``; its run under ``<out_dir>_ray_train``), exported to ``out_dir``; returns
+    the export.
 
     ``env_config`` holds the env settings (protocol, budgets); ``retriever`` is a retriever spec. With
     ``max_turn_tokens`` (RL's turn budget), a warning says how many demonstrated turns are longer: turns the
     policy learns here and RL's sampler will cut.
     """
+    from ray.train import RunConfig
+
     from rllib_search.algos import SearchSFTConfig
     from rllib_search.algos.rollouts.demonstrations import teacher_rollouts, turns_over_budget
+    from rllib_search.algos.sft_trainer import train_sft
     from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.serve.retrieval.client import build_retriever
@@ -224,24 +230,29 @@ def warm_start(
         .sft(demonstrations=demos, sft_batch_size=batch)
         .debugging(seed=seed)
     )
-    algo = config.build_algo()
-    try:
-        for step in range(1, steps + 1):
-            nll = algo.train()["learners"]["default_policy"]["sft_nll"]
-            say(f"sft step {step:3d}/{steps}  nll {nll:.4f}")
-        return algo.export(out_dir)
-    finally:
-        algo.stop()
-        del algo
-        release_freed_memory()
+    out = Path(out_dir).resolve()
+    result = train_sft(
+        config,
+        demos,
+        steps=steps,
+        batch_size=batch,
+        run_config=RunConfig(storage_path=str(out.parent), name=f"{out.name}_ray_train"),
+    )
+    if result.error is not None:
+        raise result.error
+    for row in result.metrics_dataframe.itertuples():
+        say(f"sft step {int(row.step):3d}/{steps}  nll {row.sft_nll:.4f}")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(result.checkpoint.path, out)
+    return out
 
 
 def release_freed_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
-    The warm start trains in the driver, and glibc keeps the policy's, optimizer's and activations' freed
+    The main job's SFT trains in the driver, and glibc keeps the policy's, optimizer's and activations' freed
     blocks in its arenas: measured after 2 SFT steps of SmolLM2-135M, the driver's resident memory was
-    6.8 GB before the trim and 1.4 GB after, memory the findings study's trials beside it need. Nothing in
+    6.8 GB before the trim and 1.4 GB after, memory the RL stage after it needs. Nothing in
     torch or Ray returns it; ``malloc_trim`` is the libc call that does."""
     import contextlib
     import ctypes

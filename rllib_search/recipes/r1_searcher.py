@@ -2,9 +2,10 @@
 
 Section 3.3 of the paper: Qwen-2.5-7B-Base (or Llama-3.1-8B-Instruct), BGE-large-en-v1.5 over KILT's
 2019 Wikipedia, at most 8 retrievals; 16 rollouts a question, 64 questions a rollout batch, train batch 256,
-lr 2e-6, temperature 1, discount 1, KL 0 for the Qwen base model (1e-4 for Llama), DeepSpeed ZeRO-2, one
-epoch. Stage 1 rewards retrieval (0.5 for searching at all) and format (0.5) on 350 medium questions, so it
-lasts 350 / 64 = 6 rollout batches; stage 2 rewards the answer's F1 with -2 for a broken format, on 8,142
+lr 2e-6, temperature 1, discount 1, KL 0 for the Qwen base model (1e-4 for Llama), DeepSpeed ZeRO-2 (here:
+FSDP2-sharded learners, which shard the same state and the weights too), one epoch. Stage 1 rewards
+retrieval (0.5 for searching at all) and format (0.5) on 350 medium questions, so it lasts 350 / 64 = 6
+rollout batches; stage 2 rewards the answer's F1 with -2 for a broken format, on 8,142
 medium and hard questions (section 2.2, Table 1). The schedule moves on after ``stage1_iterations`` or,
 when ``stage1_threshold`` is given, as soon as the batch's mean retrieval reward reaches it.
 """
@@ -65,7 +66,7 @@ def r1_searcher_reinforce_pp(
         "gamma": 1.0,
         "minibatch_size": 256,
         "micro_batch_size": 2,
-        "deepspeed": {"zero_optimization": {"stage": 2}},
+        "sharding": "fsdp2",
     }
     return at_paper_scale(
         config,

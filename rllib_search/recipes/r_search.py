@@ -31,7 +31,17 @@ PAPER_ENV = {
 # The paper's judge through our deployment in-cluster (``serve judge --engine vllm --model
 # meta-llama/Llama-3.2-3B-Instruct``): chat API, temperature 0.1 as R-Search.
 PAPER_JUDGE = {"type": "serve", "app": "judge", "api": "chat", "temperature": 0.1, "max_tokens": 32}
-CPU_JUDGE_SPEC = {"type": "serve", "app": "judge", "api": "completions", "temperature": 0.0, "max_tokens": 32}
+# The bundled Gemma-3-270M is a base model: given R-Search's template alone it answers in sentences, so its
+# prompts carry 4 worked examples before the verbatim template (the variant benchmarks/judge_bench.py
+# chooses on its development questions; it reports the judge's accuracy on held-out ones).
+CPU_JUDGE_SPEC = {
+    "type": "serve",
+    "app": "judge",
+    "api": "completions",
+    "temperature": 0.0,
+    "max_tokens": 32,
+    "examples": 4,
+}
 
 
 def r_search_grpo(

@@ -18,9 +18,14 @@ CPU_ENV = {"max_turns": 3, "topk": 2, "max_obs_tokens": 100, "max_total_tokens":
 CPU_ROLLOUTS = {"prompts_per_sample": 2, "max_turn_tokens": 64, "engine": "hf"}
 CPU_TRAINING = {"lr": 3e-5, "micro_batch_size": 4, "minibatch_size": 8}
 
-# The papers' nodes: 8 GPUs, here 4 learners and 4 vLLM EnvRunners with a GPU each.
+# The papers' nodes: 8 GPUs. Four GPUs each hold a colocated pair, a learner and a vLLM EnvRunner on one
+# GPU at half a GPU each (the engine sleeps while the learner trains, the learner's state waits in CPU memory
+# while the engine samples); the other four hold the services (tuned_examples/serve_gpu.yaml: at most two
+# retriever and two judge replicas). `rllib-search plan RECIPE` prints the plan.
 PAPER_LEARNERS = 4
 PAPER_ENV_RUNNERS = 4
+PAPER_GPU_SHARE = 0.5  # of a colocated pair's GPU, for each of its learner and EnvRunner
+PAPER_SHARDING = "fsdp2"  # weights, gradients, optimizer state and reference sharded over the learners
 
 
 def check_scale(scale: str) -> Scale:
@@ -62,7 +67,9 @@ def at_paper_scale(
     model_config: dict[str, Any] | None = None,
 ) -> Any:
     """``config`` on one 8-GPU node: the paper's model with activation checkpointing, vLLM rollouts at
-    temperature 1 spread over the EnvRunners, GPU learners (DDP, or DeepSpeed where ``training`` asks)."""
+    temperature 1 spread over the EnvRunners, each EnvRunner colocated with a learner on one GPU, the
+    learners sharded with FSDP2 (weights, gradients, optimizer state and reference: a 7B learner then fits
+    beside its sleeping engine)."""
     return (
         config.rl_module(
             model_config={"model": model, "gradient_checkpointing": True, **(model_config or {})}
@@ -73,8 +80,9 @@ def at_paper_scale(
             engine="vllm",
             temperature=1.0,
             max_turn_tokens=max_turn_tokens,
+            colocate=True,
         )
-        .training(**training)
-        .learners(num_learners=PAPER_LEARNERS, num_gpus_per_learner=1)
-        .env_runners(num_env_runners=PAPER_ENV_RUNNERS, num_gpus_per_env_runner=1)
+        .training(**{"sharding": PAPER_SHARDING, **training})
+        .learners(num_learners=PAPER_LEARNERS, num_gpus_per_learner=PAPER_GPU_SHARE)
+        .env_runners(num_env_runners=PAPER_ENV_RUNNERS, num_gpus_per_env_runner=PAPER_GPU_SHARE)
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,9 @@ SEARCH_R1_GRPO = """\
 Search-R1 GRPO (arXiv 2503.09516, section 4.3; rllib_search/recipes/search_r1.py holds the hyperparameters).
 
 Paper scale: Qwen2.5-3B, 5 samples per prompt, 512 prompts an iteration, lr 1e-6 with 28.5% warmup, k3 KL
-0.001, 4 vLLM EnvRunners and 4 learners with a GPU each (bf16 autocast over fp32 master weights), the E5
-retriever on Ray Serve (`rllib-search serve retriever --index DIR`, or --retriever-url).
+0.001, 4 FSDP2 learners each sharing a GPU with a vLLM EnvRunner (bf16 autocast over fp32 master weights;
+`rllib-search plan search_r1_grpo` prints the GPUs and memory), the E5 retriever on Ray Serve
+(`rllib-search serve retriever --index DIR`, or --retriever-url).
 
     # on a GPU cluster, the retriever served
     RAY_AUTH_MODE=token ray job submit -- python -m rllib_search train search_r1_grpo \\
@@ -46,8 +48,8 @@ SEARCH_R1_PPO = """\
 Search-R1 PPO (arXiv 2503.09516, section 4.3; rllib_search/recipes/search_r1.py holds the hyperparameters).
 
 Paper scale: Qwen2.5-3B with a value head, one response per prompt, 512 prompts an iteration, actor lr 1e-6
-(95% warmup), critic lr 1e-5, GAE gamma = lambda = 1, KL 0.001 in the reward; 4 vLLM EnvRunners and 4
-learners with a GPU each.
+(95% warmup), critic lr 1e-5, GAE gamma = lambda = 1, KL 0.001 in the reward; 4 FSDP2 learners each
+sharing a GPU with a vLLM EnvRunner.
 
     RAY_AUTH_MODE=token ray job submit -- python -m rllib_search train search_r1_ppo \\
         --data /data/nq_hotpotqa_train.parquet --held-out /data/test.parquet
@@ -58,8 +60,8 @@ learners with a GPU each.
 R1_SEARCHER = """\
 R1-Searcher: two-stage outcome RL with REINFORCE++ (arXiv 2503.05592; rllib_search/recipes/r1_searcher.py).
 
-Paper scale: Qwen-2.5-7B-Base, 16 rollouts a question, 64 questions a rollout batch, lr 2e-6, DeepSpeed
-ZeRO-2, 4 vLLM EnvRunners and 4 learners with a GPU each; stage 1 (retrieval + format reward) for 6
+Paper scale: Qwen-2.5-7B-Base, 16 rollouts a question, 64 questions a rollout batch, lr 2e-6, FSDP2
+learners, each sharing a GPU with a vLLM EnvRunner (4 of each); stage 1 (retrieval + format reward) for 6
 iterations on its own questions, then stage 2 (answer F1, -2 for a broken format). The stage is in every
 result (env_runners/reward_stage) and in checkpoints.
 
@@ -74,8 +76,8 @@ R-Search GRPO with answer, evidence and format rewards; the evidence is judged b
 family (rllib_search/recipes/r_search.py).
 
 Paper scale: Qwen-2.5-7B-Instruct on 2WikiMultiHopQA, 5 samples a prompt, batch 256, lr 1e-6 (95% warmup),
-KL 0.001, evidence and answer weights 0.2, judged by Llama-3.2-3B-Instruct at temperature 0.1; 4 vLLM
-EnvRunners and 4 learners with a GPU each. Deploy the judge first:
+KL 0.001, evidence and answer weights 0.2, judged by Llama-3.2-3B-Instruct at temperature 0.1; 4 FSDP2
+learners each sharing a GPU with a vLLM EnvRunner. Deploy the judge first:
 
     rllib-search serve judge --engine vllm --model meta-llama/Llama-3.2-3B-Instruct --num-gpus 1 \\
         --temperature 0.1
@@ -578,3 +580,44 @@ JOBS: dict[str, tuple[Callable[[], argparse.ArgumentParser], Callable[[argparse.
     "r_search_grpo": (r_search_grpo_parser, run_r_search_grpo),
     "lambda_sweep": (lambda_sweep_parser, run_lambda_sweep),
 }
+
+
+# --- rllib-search plan -----------------------------------------------------------------------------------
+#: Each recipe's config at paper scale (the policy ``model``, None: the paper's), by the name ``rllib-search
+#: plan`` knows it by; the λ sweep plans one trial (Search-R1's GRPO: its trials run side by side only on a
+#: cluster with the GPUs of several).
+PAPER_CONFIGS: dict[str, Callable[[str | None], Any]] = {
+    "search_r1_grpo": lambda model: search_r1_grpo(dataset=None, model=model),
+    "search_r1_ppo": lambda model: search_r1_ppo(dataset=None, model=model),
+    "r1_searcher": lambda model: r1_searcher_reinforce_pp(dataset=None, model=model),
+    "r_search_grpo": lambda model: r_search_grpo(dataset=None, model=model),
+    "lambda_sweep": lambda model: search_r1_grpo(dataset=None, model=model),
+}
+#: The Serve config the papers' recipes run beside (their retriever and judge on GPUs), in a source checkout.
+DEFAULT_SERVICES = Path(__file__).resolve().parents[2] / "tuned_examples" / "serve_gpu.yaml"
+
+
+def plan(args: argparse.Namespace) -> int:
+    """``rllib-search plan``: print recipe ``args.recipe``'s plan at paper scale on ``args.gpus`` GPUs of
+    ``args.gpu_memory_gib`` beside the services of ``args.services``; 0 when it fits, 1 when not."""
+    from rllib_search.algos.plan import make_plan
+
+    config = PAPER_CONFIGS[args.recipe](args.model)
+    services: Path | None = None
+    if args.services != "none":
+        services = Path(args.services) if args.services else DEFAULT_SERVICES
+        if not services.is_file():
+            raise SystemExit(f"rllib-search plan: no Serve config at {services} (--services FILE, or none)")
+    result = make_plan(
+        config,
+        gpus=args.gpus,
+        gpu_memory_gib=args.gpu_memory_gib,
+        services=services,
+        host_memory_gib=args.host_memory_gib,
+        name=args.recipe,
+    )
+    if services is not None:
+        shown = os.path.relpath(services) if services.is_relative_to(Path.cwd()) else services
+        result.notes.append(f"services: {shown}")
+    print(result)
+    return 0 if result.fits else 1

@@ -2,7 +2,7 @@
 named with what is wrong, instead of surfacing as an unpickling traceback deep inside RLlib.
 
 RLlib's checkpoints (``Algorithm.save_to_path``, ``RLModule.save_to_path``) hold ``*.pkl`` state and
-constructor arguments, ``*.json`` metadata and, for exported or DeepSpeed state, ``*.safetensors`` /
+constructor arguments, ``*.json`` metadata and, for exported state, ``*.safetensors`` /
 ``*.pt`` files. Each is checked by its structure only, never executed: a pickle is walked opcode by opcode
 with :mod:`pickletools` (which builds no object), so checking a file is safe even when loading it would not
 be. Loading still unpickles (RLlib's own format): load only checkpoints you or your jobs wrote (see

@@ -159,3 +159,14 @@ def reinforce_pp_advantages(
     whitened over the batch's generated tokens."""
     rewards = outcome_token_rewards(episode_signal, mask, token_penalty)
     return masked_whiten(returns_to_go(rewards, mask, gamma), mask, reduce_sums=reduce_sums)
+
+
+def overlong_penalty(generated_tokens: Sequence[int], max_tokens: int, buffer_tokens: int) -> np.ndarray:
+    """DAPO's soft overlong punishment (Yu et al., 2025, eq. 13), one value per episode from the tokens the
+    policy generated (retrieved tokens do not count): 0 up to ``max_tokens - buffer_tokens``, then falling
+    linearly to -1 at ``max_tokens``, and -1 beyond."""
+    if buffer_tokens <= 0 or buffer_tokens > max_tokens:
+        raise ValueError(f"buffer_tokens must be in (0, max_tokens={max_tokens}], got {buffer_tokens}")
+    lengths = np.asarray(generated_tokens, dtype=np.float64)
+    start = max_tokens - buffer_tokens
+    return np.where(lengths > max_tokens, -1.0, np.minimum(0.0, (start - lengths) / buffer_tokens))

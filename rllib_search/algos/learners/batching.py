@@ -160,7 +160,7 @@ def micro_batches(columns: dict[str, Any], size: int | None) -> Iterator[tuple[n
 def micro_batch_weights(masks: Sequence[Any], aggregation: str = "sequence") -> list[float]:
     """Each micro-batch's share of its mini-batch's loss, so that gradients accumulated with these
     weights equal the gradient of the whole mini-batch's loss: by sequences that have loss tokens
-    (``sequence`` aggregation) or by loss tokens (``token``)."""
+    (``sequence`` and ``constant`` aggregation) or by loss tokens (``token``)."""
     if aggregation == "token":
         sizes = [float(m.sum()) for m in masks]
     else:

@@ -1,9 +1,12 @@
-"""The masked loss terms of PPO, GRPO and REINFORCE++ as pure torch functions over (B, T) tensors.
+"""The masked loss terms of PPO, GRPO, GSPO, Dr. GRPO, DAPO and REINFORCE++ as pure torch functions over
+(B, T) tensors.
 
 ``mask`` is 1 on tokens the policy generated and 0 on prompt, observation and padding tokens; it applies
-to EVERY term (policy, KL, entropy, value), so retrieved text never produces a gradient. Aggregation:
-``"sequence"`` averages each sequence over its generated tokens and then the sequences (Search-R1 eq. 1);
-``"token"`` averages all generated tokens of the batch alike.
+to EVERY term (policy, KL, entropy, value) and to every ratio, length and normaliser, so retrieved text
+never produces a gradient nor counts towards a length. Aggregation: ``"sequence"`` averages each sequence
+over its generated tokens and then the sequences (Search-R1 eq. 1); ``"token"`` averages all generated
+tokens of the batch alike (DAPO); ``"constant"`` sums each sequence's tokens, divides by one constant
+(``normaliser``: the response budget) and averages the sequences (Dr. GRPO).
 """
 
 from __future__ import annotations
@@ -12,19 +15,29 @@ from typing import Literal
 
 import torch
 
-Aggregation = Literal["sequence", "token"]
+Aggregation = Literal["sequence", "token", "constant"]
+AGGREGATIONS = ("sequence", "token", "constant")
 
 
 def masked_mean(
-    values: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation = "sequence"
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: Aggregation = "sequence",
+    normaliser: float | None = None,
 ) -> torch.Tensor:
-    """Mean of ``values`` over masked entries, per ``aggregation``; 0 when nothing is masked."""
+    """Mean of ``values`` over masked entries, per ``aggregation`` (``"constant"`` divides each sequence's
+    sum by ``normaliser``); 0 when nothing is masked."""
     mask = mask.to(values.dtype)
     if aggregation == "token":
         return (values * mask).sum() / mask.sum().clamp(min=1.0)
-    if aggregation != "sequence":
-        raise ValueError(f"aggregation must be 'sequence' or 'token', got {aggregation!r}")
-    per_sequence = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "constant":
+        if not normaliser or normaliser <= 0:
+            raise ValueError(f"aggregation 'constant' needs a positive normaliser, got {normaliser!r}")
+        per_sequence = (values * mask).sum(-1) / float(normaliser)
+    else:
+        per_sequence = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     has_tokens = (mask.sum(-1) > 0).to(values.dtype)
     return (per_sequence * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
 
@@ -54,19 +67,24 @@ def clipped_policy_loss(
     mask: torch.Tensor,
     clip: float = 0.2,
     aggregation: Aggregation = "sequence",
+    clip_high: float | None = None,
+    normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's clipped surrogate, negated for minimisation, with its clip fraction and approximate KL.
+    """PPO's clipped surrogate with per-token ratios, negated for minimisation, with its clip fraction and
+    approximate KL. The ratio is clipped to [1 - ``clip``, 1 + ``clip_high``] (``clip_high`` None:
+    ``clip``; DAPO's clip-higher sets it above ``clip``).
 
     Masked positions are filled before the exponent so that garbage there (padding log-probs) can never
     turn into inf or NaN and leak through ``0 * inf``.
     """
+    clip_high = clip if clip_high is None else clip_high
     valid = mask.bool()
     log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     advantages = torch.where(valid, advantages, torch.zeros_like(advantages))
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
-    loss = masked_mean(-torch.minimum(unclipped, clipped), mask, aggregation)
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip_high) * advantages
+    loss = masked_mean(-torch.minimum(unclipped, clipped), mask, aggregation, normaliser)
     with torch.no_grad():
         stats = {
             # Where the clipped term is the one in effect (its gradient is zero there).
@@ -83,8 +101,45 @@ def clipped_value_loss(
     mask: torch.Tensor,
     clip: float = 0.2,
     aggregation: Aggregation = "sequence",
+    normaliser: float | None = None,
 ) -> torch.Tensor:
     """PPO's clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- clip) - R)^2), masked."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     losses = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return 0.5 * masked_mean(losses, mask, aggregation)
+    return 0.5 * masked_mean(losses, mask, aggregation, normaliser)
+
+
+def sequence_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 3e-4,
+    clip_high: float | None = 4e-4,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO's clipped surrogate (Zheng et al., 2025, eq. 5-7): one importance ratio per sequence, the
+    geometric mean of its generated tokens' ratios, s_i = exp(mean_t (log pi(y_t) - log pi_old(y_t))),
+    clipped to [1 - ``clip``, 1 + ``clip_high``] (the paper's 3e-4 and 4e-4) and multiplied by the
+    sequence's advantage (the mean of its tokens' advantages: GRPO's are equal along a sequence); negated
+    and averaged over the sequences that generated tokens. Returns the loss, the share of sequences clipped
+    and the approximate KL of the tokens."""
+    clip_high = clip if clip_high is None else clip_high
+    valid = mask.bool()
+    weights = mask.to(logprobs.dtype)
+    log_ratio = torch.where(valid, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    lengths = weights.sum(-1)
+    has_tokens = (lengths > 0).to(logprobs.dtype)
+    ratio = torch.exp((log_ratio * weights).sum(-1) / lengths.clamp(min=1.0))
+    advantage = (torch.where(valid, advantages, torch.zeros_like(advantages)) * weights).sum(-1)
+    advantage = advantage / lengths.clamp(min=1.0)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip_high) * advantage
+    per_sequence = -torch.minimum(unclipped, clipped) * has_tokens
+    loss = per_sequence.sum() / has_tokens.sum().clamp(min=1.0)
+    with torch.no_grad():
+        stats = {
+            "clip_fraction": ((clipped < unclipped).to(logprobs.dtype) * has_tokens).sum()
+            / has_tokens.sum().clamp(min=1.0),
+            "approx_kl": masked_mean(0.5 * log_ratio**2, mask, "token"),
+        }
+    return loss, stats

@@ -5,7 +5,7 @@ RLlib's own per-optimizer schedule is keyed by sampled env steps and writes one 
 group after each ``update``; ours is disabled (optimizers are registered with ``lr_or_lr_schedule=None``)
 so this schedule is the only writer: before each optimizer step the learner sets every param group's
 ``lr`` to its ``base_lr`` times :meth:`LearningRateWarmup.factor`. Param groups keep their own base (the
-critic's group under DeepSpeed stays at ``critic_lr``).
+critic's optimizer stays at ``critic_lr``).
 
 The factor is ``min(1, (step + 1) / warmup)`` with ``warmup = ceil(warmup_ratio * total_training_steps)``
 (verl's linear warmup, then constant): a piecewise-linear RLlib schedule from ``1 / warmup`` at step 0

@@ -29,8 +29,8 @@ Precision (mixed, as torch AMP): the trainable weights and so AdamW's moments ar
 every device (the module loads in fp32; ``optimizer_groups`` refuses anything else, since at Search-R1's lr
 of 1e-6 an update to a bf16 weight of magnitude 1e-2 is under half its ulp and rounds away); each
 micro-batch's forward and backward run under bf16 autocast on GPU (``autocast``: None = on GPU only, True,
-False); log-probs, entropies and values are float32. DeepSpeed's own ``bf16`` section is the other
-explicit setting (it keeps fp32 master partitions itself).
+False); log-probs, entropies and values are float32. Sharded learners (``fsdp.py``) keep the same fp32
+masters and gather bf16 copies of them for compute.
 
 Weights for a vLLM EnvRunner (``get_state(inference_only=True)`` with ``engine="vllm"``): one
 :class:`~rllib_search.llm.weight_sync.FlatWeights` of the plain model's own parameter names (LoRA merged),
@@ -57,6 +57,7 @@ from rllib_search.algos.learners.losses import (
     clipped_value_loss,
     kl_estimate,
     masked_mean,
+    sequence_policy_loss,
 )
 from rllib_search.algos.learners.search_learner import CRITIC_OPTIMIZER, POLICY_OPTIMIZER, SearchLearner
 from rllib_search.algos.model.shared_prompt import computed_positions
@@ -104,6 +105,13 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         """The unwrapped LLMRLModule (DDP wraps it when there are several learners)."""
         return self.module[DEFAULT_MODULE_ID].unwrapped()
 
+    def colocation(self, phase: str) -> None:
+        """``"offload"``: weights, gradients and optimizer state off the GPU a colocated EnvRunner shares;
+        ``"onload"``: back for the update (``learners/offload.py``)."""
+        from rllib_search.algos.learners.offload import colocation_phase
+
+        colocation_phase(self, phase)
+
     def build_reference(self) -> None:
         """The frozen reference policy for the KL term (idempotent; see the module docstring)."""
         if self._reference_built:
@@ -142,10 +150,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         """The policy as vLLM loads it: the plain model's own parameter names (LoRA merged, no value head),
         cast to the engine's dtype and packed into one buffer (``llm/weight_sync.py`` says why)."""
         from rllib_search.llm.models import engine_weights
+        from rllib_search.llm.weight_sync import engine_dtype_of
 
-        dtype = dict(self.config.engine_options).get("dtype", "bfloat16")
         with torch.no_grad():
-            return engine_weights(self.policy().model, dtype)
+            return engine_weights(self.policy().model, engine_dtype_of(self.config))
 
     # --- optimizers and the learning rate -------------------------------------------------------------
     def optimizer_groups(self, module: Any) -> list[tuple[str, list[torch.Tensor], float]]:
@@ -157,7 +165,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         if low:
             raise ValueError(
                 f"trainable weights in {low}: the learner keeps float32 master weights (bf16 compute comes "
-                "from autocast, or from DeepSpeed's bf16 section); leave model_config['dtype'] unset"
+                "from autocast, or from FSDP's bf16 gathers); leave model_config['dtype'] unset"
             )
         groups = [(POLICY_OPTIMIZER, policy, float(self.config.lr))]
         if critic:
@@ -230,7 +238,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
                 if cfg.kl_coeff > 0:
                     pieces["ref_logprobs"] = self.reference_logprobs(chunk)
                 if recompute or policy.value_head is not None:
-                    out = policy.forward_train(chunk)
+                    out = self.policy_forward(chunk)
                     if recompute:
                         pieces["old_logprobs"] = out["logprobs"]
                     if policy.value_head is not None:
@@ -239,6 +247,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
                 full = wanted.setdefault(key, np.zeros((rows_total, width), dtype=np.float32))
                 full[index, : value.shape[1]] = value.float().cpu().numpy()
         return wanted
+
+    def policy_forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The policy's training forward pass on ``batch`` outside RLlib's update (scoring)."""
+        return self.policy().forward_train(batch)
 
     def reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, T-1) log-probs of the batch's next tokens under the frozen reference policy."""
@@ -315,40 +327,60 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         each token by ``nll_weights`` where the batch has them (decision tokens of demonstrations)."""
         cfg = self.config
         agg = cfg.loss_aggregation
+        norm = cfg.response_token_budget() if agg == "constant" else None  # Dr. GRPO's one normaliser
         logprobs = fwd_out["logprobs"]
         nll = -logprobs * batch["nll_weights"] if "nll_weights" in batch else -logprobs
         if cfg.advantage_estimator == "sft":
             mask = batch[self.loss_mask_key()]
-            loss = masked_mean(nll, mask, agg)
+            loss = masked_mean(nll, mask, agg, norm)
             entropy = masked_mean(fwd_out["entropy"].detach(), mask, "token")
             return loss, {"sft_nll": loss.detach(), "entropy": entropy}
         mask, ptx_mask = self.split_ptx(batch)
         entropy = masked_mean(fwd_out["entropy"].detach(), mask, "token")
-        policy_loss, stats = clipped_policy_loss(
-            logprobs, batch["old_logprobs"], batch["advantages"], mask, cfg.clip_param, agg
-        )
+        policy_loss, stats = self.policy_loss(logprobs, batch, mask)
         stats = {"policy_loss": policy_loss.detach(), "entropy": entropy, **stats}
         loss = policy_loss
         if "ref_logprobs" in batch:
             token_kl = kl_estimate(logprobs, batch["ref_logprobs"], cfg.kl_estimator)
-            kl = masked_mean(token_kl, mask, agg)
+            kl = masked_mean(token_kl, mask, agg, norm)
             stats["kl"] = kl.detach()
             if not cfg.kl_in_reward:
                 loss = loss + cfg.kl_coeff * kl
         if cfg.entropy_coeff:
-            loss = loss - cfg.entropy_coeff * masked_mean(fwd_out["entropy"], mask, agg)
+            loss = loss - cfg.entropy_coeff * masked_mean(fwd_out["entropy"], mask, agg, norm)
         if "returns" in batch:
             values = fwd_out["values"][:, :-1]
             value_loss = clipped_value_loss(
-                values, batch["old_values"], batch["returns"], mask, cfg.vf_clip_param, agg
+                values, batch["old_values"], batch["returns"], mask, cfg.vf_clip_param, agg, norm
             )
             stats["value_loss"] = value_loss.detach()
             loss = loss + cfg.vf_loss_coeff * value_loss
         if ptx_mask is not None:
-            ptx_nll = masked_mean(nll, ptx_mask, agg)
+            ptx_nll = masked_mean(nll, ptx_mask, agg, norm)
             stats["ptx_nll"] = ptx_nll.detach()
             loss = loss + cfg.ptx_coeff * ptx_nll
         return loss, stats
+
+    def policy_loss(
+        self, logprobs: torch.Tensor, batch: dict[str, Any], mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The configured surrogate (``training(policy_loss=...)``): GSPO's sequence ratios, or per-token
+        ratios clipped at [1 - ``clip_param``, 1 + ``clip_param_high``] under ``loss_aggregation``."""
+        cfg = self.config
+        old, advantages = batch["old_logprobs"], batch["advantages"]
+        if cfg.policy_loss == "gspo":
+            return sequence_policy_loss(logprobs, old, advantages, mask, cfg.clip_param, cfg.clip_param_high)
+        normaliser = cfg.response_token_budget() if cfg.loss_aggregation == "constant" else None
+        return clipped_policy_loss(
+            logprobs,
+            old,
+            advantages,
+            mask,
+            cfg.clip_param,
+            cfg.loss_aggregation,
+            cfg.clip_param_high,
+            normaliser,
+        )
 
     # --- gradient accumulation ------------------------------------------------------------------------
     def optimizers(self) -> list[tuple[str, Any]]:

@@ -23,12 +23,19 @@ tokenizer comes from the resolved model path) and the learner sends vLLM-ready w
 (:class:`~rllib_search.llm.weight_sync.FlatWeights`: LoRA merged, the plain model's own names, the engine's
 dtype). ``release_engine`` / ``restore_engine`` put the engine to sleep while a colocated learner trains
 (``config.rollouts(colocate=True)``).
+
+With remote EnvRunners, RLlib still builds one in the driver (worker index 0). That one is hollow: it
+loads the tokenizer only (the Algorithm pads batches with its pad id) and no policy, engine, retriever or
+judge, and it drops the weights each sync hands it, so no weights stay in the driver and no engine there
+asks for the GPU a remote runner holds. It samples nothing; the Algorithm samples and evaluates on the
+remote runners.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,7 +49,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from rllib_search.algos.rollouts.loop import roll_out
 from rllib_search.algos.rollouts.policies import EnginePolicy
-from rllib_search.algos.rollouts.record import Rollout
+from rllib_search.algos.rollouts.record import Rollout, correct_logprob_mean
 from rllib_search.algos.rollouts.sampler import ShuffledSampler, StratifiedSampler
 from rllib_search.data.records import QARecord
 from rllib_search.env.protocols import get_protocol
@@ -53,6 +60,7 @@ from rllib_search.serve.judge.client import build_judge, check_judge_family
 from rllib_search.serve.retrieval.client import build_retriever
 
 logger = logging.getLogger(__name__)
+EVENTS_KEPT = 64  # the colocation events a runner keeps (sample, sleep, sync, wake), newest last
 
 
 @dataclass(eq=False)
@@ -89,6 +97,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         config.validate_rollouts()
         env_config = dict(self.config.env_config)
         self.module = None
+        self.engine: Engine | None = None
+        # (event, time.monotonic_ns()) of sample, sleep, sync and wake, newest last (the colocation tests).
+        self.events: deque[tuple[str, int]] = deque(maxlen=EVENTS_KEPT)
+        # The driver's EnvRunner beside remote ones samples nothing (the remote ones do): it builds no policy,
+        # engine, retriever or judge, and drops the weights every sync hands it.
+        self.hollow = self.worker_index == 0 and int(self.num_workers or 0) > 0
+        if self.hollow:
+            self._build_hollow(env_config)
+            return
         self.make_module()
         self.retriever = build_retriever(env_config.pop("retriever", None))
         judge_spec = env_config.pop("judge", None)
@@ -119,6 +136,26 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._enter_reward_stage(0)
 
     # --- construction ---------------------------------------------------------------------------------
+    def _build_hollow(self, env_config: dict[str, Any]) -> None:
+        """The driver's runner when remote runners sample: the tokenizer (the batch's pad id) and the
+        settings, nothing that holds weights or connects to a service."""
+        from rllib_search.algos.model.rl_module import DEFAULT_MODEL_CONFIG
+        from rllib_search.llm.models import load_tokenizer, resolve_model_path
+
+        self.model_name = str(dict(self.config.model_config).get("model", DEFAULT_MODEL_CONFIG["model"]))
+        self.tokenizer = load_tokenizer(resolve_model_path(self.model_name))
+        self.retriever = self.judge = None
+        for key in ("retriever", "judge", "dataset", "tokenizer"):
+            env_config.pop(key, None)
+        self.env_config = SearchEnvConfig.from_dict(env_config)
+        self.envs = []
+        self.records = []
+        self.weights_version = 0
+        self._sampler = ShuffledSampler(0, np.random.default_rng(0))
+        self._draws = self._sample_calls = self._retriever_retries = 0
+        self._held = []
+        self.reward_stage = 0
+
     def make_module(self) -> None:
         """The policy: an LLMRLModule built from the config's RLModule spec (inference only), or, when vLLM
         generates, only its tokenizer (vLLM holds the weights; see the module docstring)."""
@@ -183,9 +220,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         options = dict(self.config.engine_options)
         if self.config.engine == "vllm":
             from rllib_search.llm.engines.vllm import VLLMEngine
+            from rllib_search.llm.weight_sync import engine_dtype_of
 
-            if self.config.engine_dtype is not None:
-                options.setdefault("dtype", self.config.engine_dtype)
+            options["dtype"] = engine_dtype_of(self.config)  # the dtype the learner packs the weights in
             return VLLMEngine(options.pop("model", self.model_name), **options)  # it resolves aliases
         from rllib_search.llm.engines.hf import HFEngine
         from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
@@ -229,6 +266,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         config's reward schedule stage the Algorithm is in (a runner that was behind switches first)."""
         if reward_stage is not None and reward_stage != self.reward_stage:
             self._enter_reward_stage(reward_stage)
+        self.events.append(("sample", time.monotonic_ns()))
         started = time.perf_counter()
         records = self._next_records(int(num_prompts or self.config.prompts_per_sample))
         group_size = int(self.config.group_size)
@@ -384,6 +422,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         judge call); returns the rollouts in order, the number of generated tokens, the seconds spent
         generating and what was asked of the judge. ``later_turns``: see ``EnginePolicy``; ``policy``
         (default: the engine's at ``sampling``) writes the segments."""
+        if self.hollow:
+            raise RuntimeError("the driver's EnvRunner rolls nothing out while remote EnvRunners exist")
         while len(self.envs) < len(episodes):
             self.envs.append(self.new_env())
         envs = self.envs[: len(episodes)]
@@ -446,6 +486,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "searches_per_episode": np.mean([r.stats["searches"] for r in rollouts]),
             "valid_action_rate": 1.0 - sum(r.stats["invalid_actions"] for r in rollouts) / max(1, turns),
             "answer_rate": np.mean([r.answer is not None for r in rollouts]),
+            "format_valid_rate": np.mean([r.format_valid for r in rollouts]),
             "truncation_rate": np.mean([r.truncated for r in rollouts]),
             "generated_tokens_per_episode": np.mean([r.num_generated_tokens for r in rollouts]),
             "observation_tokens_per_episode": np.mean(
@@ -457,6 +498,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "reward_stage": float(self.reward_stage),
         }.items():
             log(key, float(value), reduce="mean", window=1)
+        correct = correct_logprob_mean(rollouts)
+        if correct is not None:  # LLDS's quantity: how likely the policy finds its correct trajectories
+            log("correct_logprob_mean", correct, reduce="mean", window=1)
         log("retriever_errors", sum(r.stats["retriever_errors"] for r in rollouts), reduce="sum")
         client_stats = getattr(self.retriever, "stats", None)  # a service client counts its retries
         if client_stats is not None and hasattr(client_stats, "retries"):
@@ -483,7 +527,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             weights = ray.get(weights)
         if isinstance(weights, dict) and DEFAULT_MODULE_ID in weights:
             weights = weights[DEFAULT_MODULE_ID]
+        if weights is not None and self.hollow:  # the driver's runner: nothing to load the weights into
+            weights = None
         if weights is not None:
+            self.events.append(("sync", time.monotonic_ns()))
             if self.module is not None:
                 self.module.set_state(weights)
                 self.engine.reset_cache()  # the HF engine shares the module's tensors: only drop its caches
@@ -491,6 +538,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 self.engine.load_weights(self._engine_weights(weights))
             version = state.get("weights_version", state.get(WEIGHTS_SEQ_NO))
             self.weights_version = int(version) if version is not None else self.weights_version + 1
+        if self.hollow:
+            self.reward_stage = int(state.get("reward_stage", self.reward_stage))
+            return
         if "reward_stage" in state and int(state["reward_stage"]) != self.reward_stage:
             self._enter_reward_stage(int(state["reward_stage"]))  # before the data position: its questions
         position = state.get("data_position")
@@ -513,13 +563,23 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             )
         return weights
 
-    def release_engine(self) -> None:
-        """Free the engine's accelerator memory for a colocated learner update (vLLM: sleep)."""
-        self.engine.sleep()
+    def release_engine(self, level: int | None = None) -> None:
+        """Free the engine's accelerator memory for a colocated learner update (vLLM: sleep at ``level``,
+        default its ``sleep_level``; the next weight sync wakes the weights only, see
+        ``llm/engines/vllm.py``)."""
+        self.events.append(("sleep", time.monotonic_ns()))
+        if self.engine is not None:
+            if level is None:
+                self.engine.sleep()
+            else:
+                self.engine.sleep(level=level)
 
     def restore_engine(self) -> None:
-        """Take the accelerator memory back after the update and the weight sync (vLLM: wake up)."""
-        self.engine.wake_up()
+        """Take the accelerator memory back once the update, the weight sync and the learner's offload are
+        done (vLLM: the KV cache wakes up)."""
+        self.events.append(("wake", time.monotonic_ns()))
+        if self.engine is not None:
+            self.engine.wake_up()
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Weights version, reward stage and data position (the weights live in the learner's checkpoint)."""
@@ -542,7 +602,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return {DEFAULT_MODULE_ID: (env.observation_space, env.action_space)}
 
     def assert_healthy(self) -> None:
-        assert self.engine is not None and self.records, "LLMEnvRunner is not set up"
+        assert self.hollow or (self.engine is not None and self.records), "LLMEnvRunner is not set up"
 
     def stop(self) -> None:
-        self.engine.sleep()
+        if self.engine is not None:
+            self.engine.sleep()

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rllib_search.env.rewards import exact_match
 from rllib_search.env.search_env import MultiTurnSearchEnv
 
 
@@ -86,3 +87,14 @@ class Rollout:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()}
+
+
+def correct_logprob_mean(rollouts: Any) -> float | None:
+    """The mean log-probability the sampling policy gave each generated token of the episodes whose answer
+    is an exact match (per episode, then over episodes); None when no episode answered correctly."""
+    means = [
+        float(np.mean(r.logprobs[r.loss_mask.astype(bool)]))
+        for r in rollouts
+        if r.answer is not None and r.num_generated_tokens and exact_match(r.answer, r.golden_answers)
+    ]
+    return float(np.mean(means)) if means else None

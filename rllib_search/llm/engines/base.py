@@ -107,8 +107,9 @@ class Engine(abc.ABC):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy ``state_dict`` into the engine's model in place and increment ``weights_version``."""
 
-    def sleep(self) -> None:  # noqa: B027 (an optional hook: a no-op by default)
-        """Release accelerator memory while the learner trains (no-op unless the engine supports it)."""
+    def sleep(self, level: int | None = None) -> None:  # noqa: B027 (an optional hook: a no-op by default)
+        """Release accelerator memory while the learner trains (no-op unless the engine supports it);
+        ``level`` is vLLM's sleep level (None: the engine's own)."""
 
     def reset_cache(self) -> None:  # noqa: B027 (an optional hook: a no-op by default)
         """Forget any cached keys and values (the weights changed outside ``load_weights``)."""

@@ -25,9 +25,16 @@ How it maps the :class:`Engine` contract onto vLLM:
   vLLM runs the plain architecture at full speed and needs no ``enable_lora``. The prefix cache is reset
   afterwards, since cached keys and values belong to the old weights;
 - sleep mode (``enable_sleep_mode=True``, vLLM's documented RL pattern): :meth:`sleep` releases the GPU
-  memory while a colocated learner trains (``sleep_level`` 1 offloads the weights to CPU memory, 2 drops
-  them: every sync sends all weights, so 2 saves the copy); :meth:`load_weights` while asleep first wakes
-  the weights only (``wake_up(tags=["weights"])``), and :meth:`wake_up` then brings the KV cache back.
+  memory while a colocated learner trains. vLLM's level 1 keeps a copy of the weights in CPU memory and
+  discards the KV cache; level 2 discards the weights too (the model's buffers, such as rotary tables,
+  stay in CPU memory), which vLLM documents for RL weight updates. The default here is 2: every weight
+  sync after an update sends all of the policy's weights, so level 1's host copy would only be
+  overwritten, and the host memory it takes is where the colocated learner's offloaded state goes.
+  :meth:`load_weights` while asleep first wakes the weights only (``wake_up(tags=["weights"])``: memory
+  for them, no KV cache yet), loads, and :meth:`wake_up` then brings the KV cache back
+  (``wake_up(tags=["kv_cache"])``), so the new weights and the KV cache are never both being allocated
+  while the learner still holds its GPU memory. At level 2 nothing generates between :meth:`sleep` and
+  the next :meth:`load_weights` (the weights are gone): :meth:`wake_up` refuses it.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ class VLLMEngine(Engine):
         dtype: str = "bfloat16",
         gpu_memory_utilization: float = 0.5,
         enable_sleep_mode: bool = True,
-        sleep_level: int = 1,
+        sleep_level: int = 2,
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
@@ -79,6 +86,7 @@ class VLLMEngine(Engine):
         self.sleep_level = sleep_level
         self.sleep_mode = enable_sleep_mode
         self.asleep = False  # the KV cache (and, until load_weights or wake_up, the weights) released
+        self.slept_level = sleep_level  # the level of the last sleep
         self.weights_asleep = False
         arguments = llm_arguments(
             model,
@@ -146,15 +154,22 @@ class VLLMEngine(Engine):
         self.llm.reset_prefix_cache()
         self.weights_version += 1
 
-    def sleep(self) -> None:
-        """Release the GPU memory (``LLM.sleep(level=sleep_level)``); a no-op without sleep mode or asleep."""
+    def sleep(self, level: int | None = None) -> None:
+        """Release the GPU memory (``LLM.sleep(level=...)``, default ``sleep_level``); a no-op without sleep
+        mode or asleep. Level 1 where the same weights are wanted back (the Algorithm's checkpoints)."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=self.sleep_level)
+            self.slept_level = int(level or self.sleep_level)
+            self.llm.sleep(level=self.slept_level)
             self.asleep = self.weights_asleep = True
 
     def wake_up(self) -> None:
         """Reallocate what :meth:`sleep` released (the KV cache only, when ``load_weights`` already woke the
-        weights); a no-op when awake."""
+        weights); a no-op when awake. At sleep level 2 the weights must have been loaded first."""
+        if self.asleep and self.weights_asleep and self.slept_level == 2:
+            raise RuntimeError(
+                "vLLM slept at level 2, which discards the weights: load_weights before wake_up "
+                "(the weight sync after the update does), or use engine_options sleep_level=1"
+            )
         if self.asleep:
             self.llm.wake_up(tags=None if self.weights_asleep else ["kv_cache"])
             self.asleep = self.weights_asleep = False

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rllib_search.env.judge import EvidenceJudge, as_judge, evidence_prompt
+from rllib_search.env.judge import EvidenceJudge, JudgePrompt, as_judge
 from rllib_search.serve.http.client import ServiceClient
 from rllib_search.serve.judge.deployment import APP_NAME, DEPLOYMENT_NAME
 
@@ -59,6 +59,10 @@ class JudgeClient(ServiceClient):
     - ``model``: the name sent as ``model`` (required by vLLM's and Ray Serve LLM's servers);
     - ``max_tokens``, ``temperature`` (0 greedy; R-Search used 0.1), ``stop`` (a short answer ends at the
       line's end);
+    - ``examples`` worked examples (``env/judge.py``'s ``JUDGE_EXAMPLES``) and ``prompt_prefix`` text placed
+      before R-Search's verbatim template (a small base model answers in sentences without them; an
+      instruct model such as Llama-3.2-3B-Instruct needs none): part of the judge's spec, so a run's config
+      records them;
     - ``max_evidence_chars``: longer evidence is cut to this many characters (noted in the log), so a
       runaway evidence box cannot break the server's prompt bound;
     - ``timeout_s`` per attempt, ``max_retries`` extra attempts with ``backoff_s * 2**attempt`` between
@@ -74,6 +78,8 @@ class JudgeClient(ServiceClient):
     max_tokens: int = 32
     temperature: float = 0.0
     stop: tuple[str, ...] = ("\n",)
+    examples: int = 0
+    prompt_prefix: str = ""
     max_evidence_chars: int = 6000
     max_prompts_per_request: int = 256
     concurrency: int = 16
@@ -89,6 +95,7 @@ class JudgeClient(ServiceClient):
         if self.url is not None:
             self.url = self.url.rstrip("/")
         self.stop = tuple(self.stop)
+        self.prompt = JudgePrompt(examples=self.examples, prefix=self.prompt_prefix)
 
     # --- the env's interface -----------------------------------------------------------------------------
     def answer_evidence(self, questions: Sequence[str], evidences: Sequence[str]) -> list[str]:
@@ -98,7 +105,7 @@ class JudgeClient(ServiceClient):
             if len(evidence) > self.max_evidence_chars:
                 logger.info("evidence of %d characters cut to %d", len(evidence), self.max_evidence_chars)
                 evidence = evidence[: self.max_evidence_chars]
-            prompts.append(evidence_prompt(question, evidence))
+            prompts.append(self.prompt.fill(question, evidence))
         return [answer.strip() for answer in self.complete(prompts)]
 
     def complete(self, prompts: Sequence[str]) -> list[str]:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import bm25s
-import faiss
 import numpy as np
 import pyarrow as pa
 from filelock import FileLock
@@ -26,6 +25,7 @@ from tqdm.auto import tqdm
 from rllib_search.data.errors import DataFormatError
 from rllib_search.data.formats import CORPUS_SCHEMA, corpus_batches, write_batches_atomically
 from rllib_search.serve.retrieval.encoders import DEFAULT_ENCODER, EncoderSpec, TextEncoder
+from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import (
     BM25_DIR,
     BM25_STOPWORDS,

@@ -20,6 +20,7 @@ of through the Python proxy actor (measured in ``benchmarks/retriever_bench.py``
 # No ``from __future__ import annotations`` here: FastAPI must see the request model's real type on the
 # ingress methods to read it from the body.
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -130,6 +131,50 @@ def synthetic_world_index(seed: int = 0) -> tuple[dict[str, Path], Path]:
     return paths, index
 
 
+GPU_FAISS_KINDS = ("flat", "ivfpq")  # the kinds load_index shards over GPUs (faiss has no GPU HNSW)
+
+
+# Defined before the deployment class: Serve's ingress copies the class by value when it is decorated,
+# with the module globals that exist at that point.
+def _replica_gpu_ids() -> list[str]:
+    import ray
+
+    return [str(gpu) for gpu in ray.get_gpu_ids()] if ray.is_initialized() else []
+
+
+def faiss_gpu_problem(gpu_ids: Sequence[str], kind: str, device: str | None = None) -> str | None:
+    """Why a replica given GPUs ``gpu_ids`` cannot search its ``kind`` index on them (a faiss build without
+    GPU support: the CPU build won, see the README's install section), or None when it can (or need not)."""
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
+    if not gpu_ids or kind not in GPU_FAISS_KINDS or str(device or "cuda").startswith("cpu"):
+        return None
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        return None
+    return (
+        f"this retriever replica was given GPU(s) {list(gpu_ids)} for a {kind} index, but the installed "
+        f"faiss sees {faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0} GPUs (a CPU build): "
+        "`pip uninstall -y faiss-cpu && pip install faiss-gpu-cu12` on every GPU node (README, Install), or "
+        "give the replicas no GPUs (ray_actor_options num_gpus: 0)"
+    )
+
+
+def replica_actor_options(ray_actor_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``ray_actor_options`` for a replica; one with no GPUs gets ``CUDA_VISIBLE_DEVICES=""``. Ray no
+    longer hides the GPUs from an actor that asks for none (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``
+    defaults to off), so a CPU replica would otherwise see every GPU of its node and shard its faiss index
+    (and put its encoder) onto GPUs that training holds."""
+    options = dict(ray_actor_options or {})
+    if float(options.get("num_gpus") or 0) > 0:
+        return options
+    runtime_env = dict(options.get("runtime_env") or {})
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    env_vars.setdefault("CUDA_VISIBLE_DEVICES", "")
+    runtime_env["env_vars"] = env_vars
+    options["runtime_env"] = runtime_env
+    return options
+
+
 # Requests above max_ongoing_requests wait in the caller's router, which re-offers them with backoff: with
 # a low cap the replica sees few requests at a time and its batches stay tiny (measured: 7.7 q/s at 64 against
 # 140 q/s at 1024 for 300 concurrent one-query requests). Waiting inside the batch queue is cheap.
@@ -159,6 +204,9 @@ class RetrieverDeployment:
         if index_dir is None:  # built on this replica's node (once per node, cached)
             index_dir = str(synthetic_world_index(synthetic_world_seed or 0)[1])
         self.index = load_index(index_dir, encoder=encoder, device=device, dtype=dtype)
+        problem = faiss_gpu_problem(_replica_gpu_ids(), str(self.index.manifest.get("kind")), device)
+        if problem is not None:
+            raise RuntimeError(problem)
         self._search_batched.set_max_batch_size(max_batch_queries)
         self._search_batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.batches = 0
@@ -188,6 +236,7 @@ class RetrieverDeployment:
             "search_seconds": self.search_seconds,
             "limits": asdict(self.limits),
             "manifest": self.index.manifest,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
     @serve.batch(
@@ -270,6 +319,8 @@ def build_retriever_app(args: dict[str, Any]) -> serve.Application:
     and deployment options ``autoscaling_config`` (dict: min_replicas, max_replicas,
     target_ongoing_requests, ...), ``num_replicas`` and ``ray_actor_options`` (num_cpus, num_gpus, ...).
     Built in a connected Ray, it logs a warning when replicas ask for more GPUs than the cluster has.
+    Replicas without GPUs see none (``replica_actor_options``); a replica given GPUs for a flat or IVF-PQ
+    index refuses to start on a faiss without GPU support (``faiss_gpu_problem``).
     """
     args = dict(args)
     if (args.get("index_dir") is None) == (args.get("synthetic_world_seed") is None):
@@ -283,7 +334,8 @@ def build_retriever_app(args: dict[str, Any]) -> serve.Application:
             args.pop(key, None)
     if "autoscaling_config" in options:
         options.pop("num_replicas", None)
-    deployment = RetrieverDeployment.options(**options) if options else RetrieverDeployment
+    options["ray_actor_options"] = replica_actor_options(options.get("ray_actor_options"))
+    deployment = RetrieverDeployment.options(**options)
     return deployment.bind(**args)
 
 

@@ -19,10 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import faiss
-
 from rllib_search.serve.retrieval.build import file_sha256, stage_corpus
 from rllib_search.serve.retrieval.encoders import DEFAULT_ENCODER, EncoderSpec, encoder_width
+from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import (
     CORPUS_FILE,
     FAISS_FILE,

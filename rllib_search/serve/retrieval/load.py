@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import bm25s
-import faiss
 
 from rllib_search.serve.retrieval.encoders import EncoderSpec, TextEncoder, resolve_model_path
+from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import (
     BM25_DIR,
     DENSE_KINDS,

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import bm25s
-import faiss
 import numpy as np
 import pyarrow as pa
 
 from rllib_search.data.retrieval import Passage
 from rllib_search.serve.retrieval.encoders import TextEncoder
+from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import BM25_STOPWORDS
 
 
