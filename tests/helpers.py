@@ -81,6 +81,19 @@ def make_config(cls: Any, model_dir: str, world: Any, corpus: str, *, model=None
     )
 
 
+def generated_logprobs(learner: Any, batch: Any) -> list[float]:
+    """Each episode's mean log-probability of its generated tokens under ``learner``'s policy now, for the
+    rows of ``batch`` (a train batch)."""
+    import torch
+
+    columns = {k: torch.as_tensor(v) for k, v in batch.policy_batches["default_policy"].items()}
+    module = learner.module["default_policy"].unwrapped()
+    with torch.no_grad():
+        logprobs = module.forward_train(columns)["logprobs"]
+    mask = columns["loss_mask"]
+    return [float((logprobs[row] * mask[row]).sum() / mask[row].sum()) for row in range(len(mask))]
+
+
 def policy_weights(algo: Any) -> dict[str, Any]:
     """The (local) learner's policy weights, cloned."""
     module = algo.learner_group._learner.module["default_policy"].unwrapped()

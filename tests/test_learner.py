@@ -28,7 +28,7 @@ from rllib_search.env.search_env import SearchEnvConfig
 from rllib_search.llm.models import load_tokenizer
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from rllib_search.serve.retrieval.bm25 import BM25Retriever
-from tests.helpers import ENV_SETTINGS, make_config, policy_weights
+from tests.helpers import ENV_SETTINGS, generated_logprobs, make_config, policy_weights
 
 pytestmark = pytest.mark.slow
 
@@ -114,18 +114,9 @@ def test_one_update_raises_positively_advantaged_tokens(
     learner = learner_of(algo)
     rollouts = demonstrations[:2]
     batch = with_advantages(rollouts, [1.0, -1.0], algo.config)
-    columns = {k: torch.as_tensor(v) for k, v in batch.policy_batches["default_policy"].items()}
-    module = learner.module["default_policy"].unwrapped()
-
-    def mean_logprob(row: int) -> float:
-        with torch.no_grad():
-            logprobs = module.forward_train(columns)["logprobs"]
-        mask = columns["loss_mask"][row]
-        return float((logprobs[row] * mask).sum() / mask.sum())
-
-    before = [mean_logprob(0), mean_logprob(1)]
+    before = generated_logprobs(learner, batch)
     learner.update(batch=batch)
-    after = [mean_logprob(0), mean_logprob(1)]
+    after = generated_logprobs(learner, batch)
     assert after[0] > before[0] and after[1] < before[1]
     algo.stop()
 

@@ -218,7 +218,7 @@ def test_one_update_with_each_policy_loss_raises_the_advantaged_episode(
     from rllib_search.llm.models import load_tokenizer
     from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
     from rllib_search.serve.retrieval.bm25 import BM25Retriever
-    from tests.helpers import ENV_SETTINGS, make_config
+    from tests.helpers import ENV_SETTINGS, generated_logprobs, make_config
 
     root = tmp_path_factory.mktemp(f"policy_loss_{policy_loss}")
     model_dir = str(build_tiny_causal_lm(root / "model", build_tiny_tokenizer(root / "tok")))
@@ -231,18 +231,9 @@ def test_one_update_with_each_policy_loss_raises_the_advantaged_episode(
     learner = algo.learner_group._learner
     batch = train_batch(rollouts, algo.config, 0)
     batch.policy_batches["default_policy"]["episode_advantages"] = np.asarray([1.0, -1.0], dtype=np.float32)
-    columns = {k: torch.as_tensor(v) for k, v in batch.policy_batches["default_policy"].items()}
-    module = learner.module["default_policy"].unwrapped()
-
-    def mean_logprob(row: int) -> float:
-        with torch.no_grad():
-            logprobs = module.forward_train(columns)["logprobs"]
-        mask = columns["loss_mask"][row]
-        return float((logprobs[row] * mask).sum() / mask.sum())
-
-    before = [mean_logprob(0), mean_logprob(1)]
+    before = generated_logprobs(learner, batch)
     results = learner.update(batch=batch)
-    after = [mean_logprob(0), mean_logprob(1)]
+    after = generated_logprobs(learner, batch)
     algo.stop()
     # Teacher episodes share most of their tokens (tags, the protocol's words): with a token-level loss the
     # positive episode's gain lifts those in the negative one too, so the check is on the difference.
