@@ -3,8 +3,9 @@
 Beside a benchmark's figures the file records where they come from:
 
 - ``commit``: ``git rev-parse HEAD`` of this checkout, with ``-dirty`` appended when the working tree has
-  changes not committed (``git status --porcelain`` lists anything); None outside a git checkout or
-  without git;
+  changes not committed (``git status --porcelain`` lists anything) outside ``benchmarks/results/``, where
+  the benchmarks run before this one wrote their own results; None outside a git checkout or without
+  git;
 - ``machine``: :func:`rllib_search.llm.models.cpu_description` at the time of writing: the CPU model, its
   family and model numbers, the cores this process may use, torch's threads, the vector instructions
   torch's kernels use and whether bf16 is native.
@@ -29,12 +30,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_IN_REPO = "benchmarks/results"
 PROVENANCE_KEYS = ("commit", "machine")
 
 
 def git_commit(root: str | Path = ROOT) -> str | None:
     """HEAD's commit of the git checkout holding ``root``, ``<sha>-dirty`` when its working tree has
-    uncommitted changes (untracked files not ignored included); None outside a git checkout."""
+    uncommitted changes (untracked files not ignored included) outside ``benchmarks/results/`` (other
+    benchmarks' outputs); None outside a git checkout."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -43,7 +46,8 @@ def git_commit(root: str | Path = ROOT) -> str | None:
 
     try:
         sha = git("rev-parse", "HEAD").strip()
-        dirty = bool(git("status", "--porcelain").strip())
+        top = git("rev-parse", "--show-toplevel").strip()
+        dirty = bool(git("-C", top, "status", "--porcelain", "--", ".", f":!{RESULTS_IN_REPO}").strip())
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{sha}-dirty" if dirty else sha

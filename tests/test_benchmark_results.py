@@ -96,7 +96,7 @@ def test_write_results_refuses_figures_that_carry_commit_or_machine(tmp_path):
     assert not (tmp_path / "example.json").exists()
 
 
-def test_the_commit_is_head_with_dirty_when_the_tree_changed_and_none_outside_git(tmp_path, monkeypatch):
+def test_the_commit_is_head_with_dirty_when_the_code_changed_and_none_outside_git(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -120,6 +120,10 @@ def test_the_commit_is_head_with_dirty_when_the_tree_changed_and_none_outside_gi
     (repo / "a.txt").write_text("two")
     assert git_commit(repo) == f"{head}-dirty"
     (repo / "a.txt").write_text("one")
+    assert git_commit(repo) == head
+    # Results other benchmarks wrote before this one leave the commit clean.
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "benchmarks" / "results" / "earlier.json").write_text("{}")
     assert git_commit(repo) == head
     (repo / "new.txt").write_text("untracked")
     assert git_commit(repo) == f"{head}-dirty"
