@@ -121,6 +121,7 @@ def _summary(latencies: list[float], wall: float, failures: int, batch: int = 1)
         "p99_ms": float(np.percentile(ms, 99)),
         "failures": failures,
         "requests": len(latencies),
+        "wall_s": wall,
     }
 
 
@@ -183,7 +184,40 @@ def wait_http(url: str, timeout_s: float = 180) -> None:
     raise TimeoutError(f"{url} did not come up")
 
 
-def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: int):
+def replica_counters(handle, replicas: int) -> dict[str, dict[str, float]]:
+    """Each replica's cumulative batches, queries and busy seconds, by replica id: stats calls go to
+    whichever replica the router picks, so call until every replica has answered."""
+    seen: dict[str, dict[str, float]] = {}
+    for _ in range(50 * replicas):
+        stats = handle.stats.remote().result()
+        seen[stats["replica_id"]] = {k: stats[k] for k in ("batches", "queries", "busy_seconds")}
+        if len(seen) == replicas:
+            return seen
+    raise RuntimeError(f"only {len(seen)} of {replicas} replicas answered a stats call")
+
+
+def replica_phase(before: dict, after: dict, wall_s: float) -> list[dict[str, float]]:
+    """What each replica did in one phase of ``wall_s`` seconds: batches, mean queries a batch, busy
+    seconds and the fraction of the phase it was busy."""
+    rows = []
+    for replica, end in sorted(after.items()):
+        start = before.get(replica, {"batches": 0, "queries": 0, "busy_seconds": 0.0})
+        batches = end["batches"] - start["batches"]
+        busy = end["busy_seconds"] - start["busy_seconds"]
+        rows.append(
+            {
+                "batches": batches,
+                "mean_queries_per_batch": (end["queries"] - start["queries"]) / batches if batches else 0.0,
+                "busy_s": busy,
+                "busy_fraction": busy / wall_s,
+            }
+        )
+    return rows
+
+
+def start_serve(
+    index_dir: Path, port: int, ingress: str, dtype: str, replicas: int, cpus: int, concurrent_batches: int
+):
     import ray
     from ray import serve
 
@@ -194,7 +228,7 @@ def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: 
         os.environ.update(HIGH_THROUGHPUT_ENV)
         for line in exposure_warnings("127.0.0.1", high_throughput=True):
             print(f"[bench] warning: {line}", flush=True)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     # Access logs off, as the naive server runs with warnings only: per-request logging costs both alike.
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
@@ -204,7 +238,8 @@ def start_serve(index_dir: Path, port: int, ingress: str, dtype: str, replicas: 
             "encoder": ENCODER,
             "dtype": dtype,
             "num_replicas": replicas,
-            "ray_actor_options": {"num_cpus": 1},
+            "ray_actor_options": {"num_cpus": cpus},
+            "concurrent_batches": concurrent_batches,
         }
     )
     return serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
@@ -222,8 +257,15 @@ def start_naive(index_dir: Path, port: int, dtype: str, threads: int) -> subproc
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _row(r: dict[str, float]) -> str:
-    return f"{r['qps']:6.1f} q/s p99 {r['p99_ms']:6.0f} ms"
+def _row(r: dict) -> str:
+    text = f"{r['qps']:6.1f} q/s p99 {r['p99_ms']:6.0f} ms"
+    if "replicas" in r:  # busy fraction and mean batch of each replica
+        text += (
+            " ["
+            + " ".join(f"{x['busy_fraction']:.0%}/{x['mean_queries_per_batch']:.0f}q" for x in r["replicas"])
+            + "]"
+        )
+    return text
 
 
 def plot(levels: list[int], systems: dict[str, list[dict]], path: Path, title: str) -> None:
@@ -267,11 +309,14 @@ def main() -> None:
         "--dtype", default="auto", help="query encoder dtype of both systems (auto: bf16 on CPUs with it)"
     )
     parser.add_argument(
-        "--replicas", type=int, default=2, help="Serve replicas, one CPU each (default: one per core)"
+        "--replicas", type=int, default=1, help="Serve replicas, sharing the cores (default 1: all of them)"
     )
     parser.add_argument("--batch-queries", type=int, default=32, help="queries a rollout's turn request")
+    parser.add_argument("--replica-cpus", type=int, help="CPUs a replica (default: the cores / --replicas)")
+    parser.add_argument("--concurrent-batches", type=int, default=1, help="batches a replica runs at once")
     parser.add_argument("--runners", type=int, default=4, help="runners sending batched requests at once")
     args = parser.parse_args()
+    args.replica_cpus = args.replica_cpus or max(1, (os.cpu_count() or 1) // args.replicas)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     num_passages = args.passages or (10_000 if args.quick else 100_000)
     num_requests = args.requests or (150 if args.quick else 400)
@@ -291,7 +336,15 @@ def main() -> None:
     print(f"[bench] {query_dtype} queries: recall@3 vs fp32 queries {dtype_recall:.3f}", flush=True)
 
     serve_port = free_port()
-    handle = start_serve(index_dir, serve_port, args.ingress, query_dtype, args.replicas)
+    handle = start_serve(
+        index_dir,
+        serve_port,
+        args.ingress,
+        query_dtype,
+        args.replicas,
+        args.replica_cpus,
+        args.concurrent_batches,
+    )
     serve_url = f"http://127.0.0.1:{serve_port}/retrieve"
     # The naive server on one thread and on every core: the baseline is the faster at each level.
     naive_threads = sorted({1, os.cpu_count() or 1})
@@ -299,14 +352,22 @@ def main() -> None:
     naives = [start_naive(index_dir, naive_ports[t], query_dtype, t) for t in naive_threads]
     naive_urls = {t: f"http://127.0.0.1:{port}/retrieve" for t, port in naive_ports.items()}
     serve_rows, handle_rows, naive_rows = [], [], {t: [] for t in naive_threads}
+
+    def on_replicas(load) -> dict:
+        """Run one phase of load against Serve; its row gains what each replica did meanwhile."""
+        before = replica_counters(handle, args.replicas)
+        row = asyncio.run(load)
+        row["replicas"] = replica_phase(before, replica_counters(handle, args.replicas), row["wall_s"])
+        return row
+
     try:
         wait_http(serve_url)
         for url in naive_urls.values():
             wait_http(url)
         for concurrency in levels:  # side by side: every system at a level before the next level
             n = max(num_requests // 4, 40) if concurrency == 1 else num_requests
-            serve_rows.append(asyncio.run(load_http(serve_url, queries, concurrency, n)))
-            handle_rows.append(asyncio.run(load_handle(handle, queries, concurrency, n)))
+            serve_rows.append(on_replicas(load_http(serve_url, queries, concurrency, n)))
+            handle_rows.append(on_replicas(load_handle(handle, queries, concurrency, n)))
             for threads, url in naive_urls.items():
                 naive_rows[threads].append(asyncio.run(load_http(url, queries, concurrency, n)))
             naive_text = " | ".join(f"naive/{t}t {_row(rows[-1])}" for t, rows in naive_rows.items())
@@ -320,7 +381,7 @@ def main() -> None:
         batched_serve, batched_naive = [], {t: [] for t in naive_threads}
         for runners in batched_levels:
             n = max(runners * (4 if args.quick else 10), 8)
-            batched_serve.append(asyncio.run(load_http(serve_url, queries, runners, n, args.batch_queries)))
+            batched_serve.append(on_replicas(load_http(serve_url, queries, runners, n, args.batch_queries)))
             for threads, url in naive_urls.items():
                 batched_naive[threads].append(
                     asyncio.run(load_http(url, queries, runners, n, args.batch_queries))
@@ -332,6 +393,7 @@ def main() -> None:
                 flush=True,
             )
         replica_stats = [handle.stats.remote().result() for _ in range(4 * args.replicas)]
+        replica_setup = {k: replica_stats[0][k] for k in ("concurrent_batches", "threads")}
     finally:
         for naive in naives:
             naive.terminate()
@@ -355,6 +417,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "ingress": args.ingress,
         "replicas": args.replicas,
+        "replica_cpus": args.replica_cpus,
         "query_dtype": query_dtype,
         "query_dtype_recall_at_3_vs_fp32": dtype_recall,
         # Both over HTTP, the like-for-like comparison (Search-R1's clients call HTTP; the ingress named
@@ -384,6 +447,8 @@ def main() -> None:
         "hnsw_recall_at_3": recall,
         "replica_rss_mb": max(stats["rss_mb"] for stats in replica_stats),
         "replica_mean_queries_per_batch": max(stats["mean_queries_per_batch"] for stats in replica_stats),
+        # Per replica: batches at once and torch/faiss threads per batch (from its CPUs).
+        "replica_setup": replica_setup,
         "levels": {
             str(c): {
                 "serve_http": serve_rows[i],

@@ -54,6 +54,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
 
 from benchmarks.results_file import write_results  # noqa: E402
+from rllib_search.recipes.process_memory import process_label  # noqa: E402
 
 MB = 1024 * 1024
 QUICK_ITERATIONS, QUICK_WARMUP = 12, 4
@@ -64,35 +65,6 @@ TEACH = (
     "print(build_world_policy(sys.argv[2], sys.argv[3], int(sys.argv[4])))"
 )
 TEACH_STEPS, TEACH_LR = 300, 3e-3  # what the tiny policy needs to write both taught turns when sampled
-
-# Ray's own processes, told apart by their command line (workers by their process title, "ray::Class").
-_SERVICES = (
-    ("gcs_server", "gcs_server"),
-    ("raylet", "raylet"),
-    ("dashboard/agent.py", "dashboard agent"),
-    ("runtime_env/agent/main.py", "runtime env agent"),
-    ("dashboard/dashboard.py", "dashboard"),
-    ("log_monitor.py", "log monitor"),
-    ("autoscaler/_private/monitor.py", "autoscaler monitor"),
-)
-
-
-def process_label(process: Any) -> str:
-    """What a process of the node is: a Ray worker's class (``ray::LLMEnvRunner.sample`` -> LLMEnvRunner),
-    ``IDLE`` for a worker with no task, or one of Ray's services."""
-    try:
-        cmdline = process.cmdline()
-    except Exception:
-        return "gone"
-    title = cmdline[0] if cmdline else process.name()
-    if title.startswith("ray::"):
-        name = title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0] or "worker"
-        return "learner" if name == "_WrappedExecutable" else name  # RLlib's wrapper of a Learner actor
-    joined = " ".join(cmdline)
-    for needle, label in _SERVICES:
-        if needle in joined:
-            return label
-    return Path(title).name
 
 
 class NodeMemory:

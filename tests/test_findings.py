@@ -40,7 +40,13 @@ def test_the_algorithm_arms_get_the_same_budget():
     configs = {arm.name: study.arm_config(base, arm, context) for arm in study.BY_KEY["algorithms"].arms}
     episodes = {name: c.group_size * c.prompts_per_sample for name, c in configs.items()}
     assert len(set(episodes.values())) == 1, episodes
-    assert {c.advantage_estimator for c in configs.values()} == {"grpo", "gae", "reinforce_pp"}
+    estimators = {name: c.advantage_estimator for name, c in configs.items()}
+    assert estimators == {
+        "GRPO": "grpo",
+        "PPO": "gae",
+        "REINFORCE++ (no baseline)": "reinforce_pp",
+        "REINFORCE++-baseline": "reinforce_pp_baseline",
+    }
     assert len({(c.lr, c.minibatch_size, c.kl_coeff) for c in configs.values()}) == 1
     assert configs["PPO"].model_config["value_head"] and configs["PPO"].group_size == 1
     masking = {arm.name: study.arm_config(base, arm, context) for arm in study.BY_KEY["masking"].arms}
@@ -300,6 +306,157 @@ def test_each_finding_says_the_turn_budget_it_was_measured_at():
     on = masking.arm("masking on")
     assert study.experiment_name(masking, on, 64) == "masking__masking_on__64_tokens"
     assert study.experiment_name(masking, on, 48) != study.experiment_name(masking, on, 64)
+
+
+def test_the_committed_report_is_what_the_code_writes_from_the_committed_results(tmp_path):
+    """docs/findings.md is the report this module writes from docs/findings/findings.json and the re-checks
+    beside it (only the generation time differs): its labels are the code's, not the run's."""
+    committed = ROOT / "docs" / "findings"
+    (tmp_path / "findings").mkdir()
+    for document in committed.glob("*.json"):
+        shutil.copy(document, tmp_path / "findings" / document.name)
+    results_file = tmp_path / "findings" / "findings.json"
+    run = json.loads(results_file.read_text())["run"]
+    study.report(
+        run, _findings_script().carried_over(results_file, run), tmp_path / "findings.md", results_file
+    )
+
+    def body(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if not line.startswith("- generated: ")]
+
+    assert body(tmp_path / "findings.md") == body(ROOT / "docs" / "findings.md")
+
+
+def test_labels_are_applied_again_to_stored_results_and_measurements_kept():
+    algorithms = study.BY_KEY["algorithms"]
+    figures = {"status": "run", "em": {"value": 0.3, "low": 0.25, "high": 0.35}}
+    gain = {"value": -0.14, "low": -0.19, "high": -0.09}
+    stored = {  # as an earlier version labelled it: "no difference" claimed, so "no"
+        "status": "run",
+        "arms": {"GRPO": figures, "PPO": figures, "REINFORCE++ (old name)": figures},
+        "comparisons": [
+            {
+                "arm": "PPO",
+                "versus": "GRPO",
+                "status": "run",
+                "expected": 0,
+                "reproduced": "no",
+                "pairs": 300,
+                "em_gain": gain,
+                "gain": {"pooled": {}},
+                "direction": "similar final EM",
+            },
+        ],
+    }
+    relabelled = study.relabel(algorithms, stored)
+    ppo, published, baseline = relabelled["comparisons"]
+    # Search-R1 Table 3: GRPO ahead of PPO on evaluation, so PPO minus GRPO below 0 reproduces it.
+    assert (ppo["expected"], ppo["reproduced"], ppo["em_gain"], ppo["pairs"]) == (-1, "yes", gain, 300)
+    assert ppo["source"] == "Search-R1 section 5.1, Table 3" and "GRPO ahead" in ppo["direction"]
+    assert "note" in ppo and "reason" not in ppo
+    # R1-Searcher section 4.1 compares GRPO with REINFORCE++ as published (no baseline).
+    assert published["arm"] == "REINFORCE++ (no baseline)" and published["expected"] == 1
+    assert published["reproduced"] == "not yet run" and "58.4 vs 53.0" in published["direction"]
+    assert baseline["arm"] == "REINFORCE++-baseline" and baseline["expected"] is None
+    assert relabelled["status"] == "partly run"
+    assert list(relabelled["arms"]) == ["GRPO", "PPO", "REINFORCE++ (no baseline)", "REINFORCE++-baseline"]
+    assert relabelled["arms"]["REINFORCE++-baseline"] == {"status": "not yet run"}
+    # An interval that covers 0 is inconclusive against a sign, whatever the stored verdict said.
+    covering = {**stored["comparisons"][0], "em_gain": {"value": -0.01, "low": -0.05, "high": 0.03}}
+    (ppo, *_) = study.relabel(algorithms, {**stored, "comparisons": [covering]})["comparisons"]
+    assert ppo["reproduced"].startswith("inconclusive") and ppo["reason"].startswith("300 paired")
+
+
+def test_the_evidence_term_is_described_with_the_weight_the_reward_gives_it():
+    from rllib_search.env.rewards import ResponseSummary, r_search_reward
+
+    reason = study.BY_KEY["evidence"].reason
+    assert "0.2 x" not in reason and "weight 1" in reason
+    summary = ResponseSummary(
+        question="q",
+        answer="x",
+        evidence="quoted",
+        num_searches=1,
+        retrieved_blocks=(),
+        format_valid=True,
+        evidence_answer="paris",
+    )
+    breakdown = r_search_reward(summary, ["Paris"])
+    assert breakdown.components["evidence_f1"] == 1.0
+    assert breakdown.total == pytest.approx(
+        breakdown.components["answer_f1"] + 1.0 + breakdown.components["format"]
+    )
+
+
+def test_a_recheck_that_differs_is_reported_beside_the_verdict(tmp_path):
+    masking = study.BY_KEY["masking"]
+    arm = {
+        "status": "run",
+        "seeds": [1],
+        "em": {"value": 0.3, "low": 0.2, "high": 0.4},
+        "scores": {"groups": {"1": {"em": {"value": 0.6}}}},
+        "curves": {"1": [0.2, 0.3]},
+    }
+    analysis = {
+        "status": "run",
+        "arms": {"masking off": arm, "masking on": arm},
+        "comparisons": [
+            {
+                "arm": "masking on",
+                "versus": "masking off",
+                "status": "run",
+                "pairs": 100,
+                "em_gain": {"value": 0.0, "low": -0.05, "high": 0.05},
+                "gain": {},
+            },
+        ],
+    }
+    (tmp_path / "findings").mkdir()
+    results_file = tmp_path / "findings" / "findings.json"
+    markdown = tmp_path / "findings.md"
+    study.report({"seeds": [1]}, {"masking": analysis}, markdown, results_file)
+    assert "re-checked" not in markdown.read_text()  # no check file, no re-check
+    check = {
+        "rerun": {
+            "machine": {
+                "cpu": "Some CPU",
+                "cores": 2,
+                "torch_threads": 2,
+                "vector_unit": "AVX2",
+                "native_bf16": False,
+                "precision": "fp32",
+                "torch": "2",
+            }
+        },
+        "arms": [
+            {
+                "finding": "masking",
+                "title": masking.title,
+                "arm": "masking on",
+                "status": "compared",
+                "per_seed": [{"seed": 1, "committed_em": 0.0, "rerun_em": 0.39}],
+                "committed_em": 0.0,
+                "rerun_em": 0.39,
+                "difference": {"value": 0.39, "low": 0.3, "high": 0.48},
+                "verdict": "differs",
+            },
+            {
+                "finding": "masking",
+                "title": masking.title,
+                "arm": "masking off",
+                "status": "not run",
+                "verdict": "the re-run has no results",
+            },
+        ],
+    }
+    (tmp_path / "findings" / "check.json").write_text(json.dumps(check))
+    study.report({"seeds": [1]}, {"masking": analysis}, markdown, results_file)
+    table = markdown.read_text()
+    assert "| inconclusive (interval covers 0); re-checked on another machine: masking on differs |" in table
+    assert "## Re-checks on another machine" in table
+    assert "- **Retrieved-token masking, masking on** (`findings/check.json`, on Some CPU" in table
+    assert "seed 1: 0.000 -> 0.390; pooled 0.000 -> 0.390, +0.390 [+0.300, +0.480]: differs." in table
+    assert "masking off** (`findings" not in table  # an arm the re-check did not compare is not listed
 
 
 def _findings_script():

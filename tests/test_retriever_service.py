@@ -117,6 +117,38 @@ def test_concurrent_requests_are_batched(service):
     assert all(s["rss_mb"] > 0 for s in after)
 
 
+def stats_by_replica(handle, replicas: int = 2) -> dict[str, dict]:
+    """Each replica's stats, by replica id (a stats call goes to whichever replica the router picks)."""
+    seen: dict[str, dict] = {}
+    for _ in range(100):
+        stats = handle.stats.remote().result()
+        seen[stats["replica_id"]] = stats
+        if len(seen) == replicas:
+            return seen
+    raise AssertionError(f"only {len(seen)} of {replicas} replicas answered")
+
+
+def test_a_large_request_is_searched_off_the_loop_in_order_and_counted(service, index_dir, world):
+    """40 queries (a batch big enough for the worker thread) come back in order, each with the passages
+    the index gives it in-process; the replicas' counters show exactly those 40 queries and busy time."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=APP_NAME)
+    records = world.test + world.train
+    queries = list(dict.fromkeys(hop["query"] for record in records for hop in record.extra["hops"]))[:40]
+    assert len(queries) == 40
+    before = stats_by_replica(handle)
+    via_handle = RetrieverClient.from_app(timeout_s=60).search(queries, 3)
+    after = stats_by_replica(handle)
+    local = load_index(index_dir).search(queries, 3)
+    assert [[p.id for p in r] for r in via_handle] == [[p.id for p in r] for r in local]
+    assert sum(after[r]["queries"] - before[r]["queries"] for r in after) == 40
+    assert sum(after[r]["busy_seconds"] - before[r]["busy_seconds"] for r in after) > 0
+    assert all(s["threads"] == 1 and s["concurrent_batches"] == 1 for s in after.values())
+    body = requests.post(service, json={"queries": queries, "topk": 3}, timeout=60).json()["result"]
+    assert [[item["document"]["id"] for item in r] for r in body] == [[p.id for p in r] for r in local]
+
+
 def assert_queries_survive_a_kill(client: RetrieverClient, kill) -> None:
     """Query in a loop, call ``kill()`` (a replica dies) mid-run, and require every query to succeed and
     queries to go on after the kill."""

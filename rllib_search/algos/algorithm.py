@@ -8,8 +8,9 @@ One training step:
    up to N rounds, until the iteration holds a round's worth of groups with differing rewards
    (DAPO's dynamic sampling, ``dynamic_sampling.py``);
 2. **rewards -> episode advantages**, over whole groups and before anything is sharded across learners
-   (RLlib's sharding would split groups): GRPO's (r - mean_g) / (std_g + eps); REINFORCE++'s r - mean_g;
-   PPO's raw outcome reward (its GAE needs the critic, so it runs in the learner);
+   (RLlib's sharding would split groups): GRPO's (r - mean_g) / (std_g + eps); REINFORCE++-baseline's
+   r - mean_g; REINFORCE++'s and PPO's raw outcome reward (their token advantages, whitened or from GAE
+   with the critic, are made in the learner);
 3. **learner_group.update** on the padded batch: reference log-probs, values, token advantages and the
    masked loss happen in :class:`~rllib_search.algos.learners.search_learner.SearchLearner`;
 4. **weight sync** to the EnvRunners (in place; the new ``weights_version`` rides along; for vLLM the
@@ -76,7 +77,7 @@ from rllib_search.algos.colocation import (
     pairs_of,
     reserve_pairs,
 )
-from rllib_search.algos.learners.advantages import grpo_advantages, overlong_penalty, reinforce_pp_baseline
+from rllib_search.algos.learners.advantages import episode_signals, overlong_penalty
 from rllib_search.algos.learners.batching import keep_first_turns, pad_rollouts
 from rllib_search.algos.learners.offload import EVENTS_KEPT, OFFLOAD, ONLOAD
 from rllib_search.algos.rollouts.dynamic_sampling import informative_groups
@@ -99,14 +100,7 @@ def episode_advantages(rollouts: list[Rollout], config: Any) -> np.ndarray:
         buffer = max(1, round(budget * config.overlong_buffer_fraction))
         rewards = rewards + overlong_penalty([r.num_generated_tokens for r in rollouts], budget, buffer)
     groups = [r.group_id for r in rollouts]
-    estimator = config.advantage_estimator
-    if estimator == "grpo":
-        return grpo_advantages(rewards, groups, scale_by_std=config.scale_by_std)
-    if estimator == "reinforce_pp":
-        return reinforce_pp_baseline(rewards, groups)
-    if estimator in ("gae", "sft"):
-        return rewards
-    raise ValueError(f"unknown advantage_estimator {estimator!r}")
+    return episode_signals(config.advantage_estimator, rewards, groups, scale_by_std=config.scale_by_std)
 
 
 def held_out_metrics(rollouts: list[Rollout]) -> dict[str, Any]:

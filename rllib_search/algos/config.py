@@ -22,7 +22,7 @@ from rllib_search.env.search_env import ENV_ID, SearchEnvConfig
 
 ENGINES = ("hf", "vllm")
 ENGINE_DTYPES = (None, "float32", "bfloat16", "float16")
-ADVANTAGE_ESTIMATORS = ("grpo", "gae", "reinforce_pp", "sft")
+ADVANTAGE_ESTIMATORS = ("grpo", "gae", "reinforce_pp", "reinforce_pp_baseline", "sft")
 KL_ESTIMATORS = ("k1", "k3")
 # Each policy loss and the settings it brings where ``training()`` is not told otherwise in the same call.
 POLICY_LOSSES: dict[str, dict[str, Any]] = {
@@ -389,7 +389,9 @@ class SearchConfig(AlgorithmConfig):
         """RLlib's training settings (``lr``, ``grad_clip``, ``gamma``, ``num_epochs``, ``minibatch_size``
         in episodes, ...) plus:
 
-        - ``advantage_estimator``: ``grpo`` | ``gae`` (PPO) | ``reinforce_pp`` | ``sft``;
+        - ``advantage_estimator``: ``grpo`` | ``gae`` (PPO) | ``reinforce_pp`` (REINFORCE++ as published: no
+          baseline, returns whitened over the batch) | ``reinforce_pp_baseline`` (REINFORCE++-baseline: the
+          group's mean reward subtracted first) | ``sft``;
         - ``critic_lr``, ``weight_decay`` (AdamW), ``warmup_ratio`` of ``total_training_steps`` optimizer
           steps of linear warmup, then ``lr_decay``: ``constant`` or ``linear`` (to 0 at
           ``total_training_steps``);
@@ -538,7 +540,11 @@ class SearchConfig(AlgorithmConfig):
     def validate_training(self) -> None:
         """Check the training settings."""
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}")
+            raise ValueError(
+                f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS} (reinforce_pp: REINFORCE++ with "
+                f"no baseline; reinforce_pp_baseline: with the group mean subtracted), "
+                f"got {self.advantage_estimator!r}"
+            )
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}")
         if self.loss_aggregation not in AGGREGATIONS:

@@ -8,6 +8,10 @@ retrieval (0.5 for searching at all) and format (0.5) on 350 medium questions, s
 rollout batches; stage 2 rewards the answer's F1 with -2 for a broken format, on 8,142
 medium and hard questions (section 2.2, Table 1). The schedule moves on after ``stage1_iterations`` or,
 when ``stage1_threshold`` is given, as soon as the batch's mean retrieval reward reaches it.
+
+The algorithm is REINFORCE++ as published (Hu, 2025, the paper's reference [20]; estimator
+``reinforce_pp``): no critic and no group baseline, the outcome reward on the last generated token minus the
+KL penalty per token, returns-to-go with discount 1, whitened over the batch's generated tokens.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ def r1_searcher_reinforce_pp(
     stage1_iterations: int | None = None,
     stage1_threshold: float | None = None,
 ) -> SearchReinforcePPConfig:
-    """R1-Searcher's two stages with REINFORCE++ (group baseline). ``dataset`` holds the stage-1
-    questions and ``stage2_dataset`` the stage-2 ones (default: the same questions throughout)."""
+    """R1-Searcher's two stages with REINFORCE++ (no baseline). ``dataset`` holds the stage-1 questions
+    and ``stage2_dataset`` the stage-2 ones (default: the same questions throughout)."""
     scale = check_scale(scale)
     retriever = retriever or {"type": "serve"}
     settings = env_settings(scale, PAPER_ENV)
@@ -54,6 +58,7 @@ def r1_searcher_reinforce_pp(
         SearchReinforcePPConfig()
         .environment(ENV_ID, env_config={"dataset": dataset, "retriever": retriever, **settings})
         .reward_schedule(stages=[stage1, stage2])
+        .training(advantage_estimator="reinforce_pp")
     )
     if scale == "cpu":
         # R1-Searcher's tags are longer (<|begin_of_query|> ...): the teacher's turns take up to 66 tokens.

@@ -62,6 +62,12 @@ def add_serve_commands(subparsers: Any) -> None:
     _add_deployment_arguments(retriever, target_ongoing_requests=16, batch_wait_ms=5.0)
     retriever.add_argument("--max-batch-queries", type=int, default=1024)
     retriever.add_argument(
+        "--concurrent-batches",
+        type=int,
+        default=1,
+        help="batches a replica searches at once, each on an equal share of its --num-cpus as threads",
+    )
+    retriever.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
@@ -132,6 +138,7 @@ def retriever_app_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch_queries": args.max_batch_queries,
         "batch_wait_timeout_s": args.batch_wait_ms / 1000,
         "dtype": args.dtype,
+        "concurrent_batches": args.concurrent_batches,
         **_deployment_options(args),
     }
 

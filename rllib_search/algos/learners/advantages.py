@@ -8,10 +8,17 @@ advantage, and whitening statistics are taken over generated tokens alone.
   (compute it before episodes are sharded across learners, which would split groups).
 - :func:`gae`: generalised advantage estimation over the generated tokens of each sequence, skipping the
   observation tokens between turns (Search-R1's PPO: gamma = lambda = 1).
-- :func:`reinforce_pp_baseline` then :func:`reinforce_pp_advantages`: REINFORCE++ with a group baseline
-  (R1-Searcher): the outcome reward minus its group mean (over whole groups, before sharding), placed on
-  the last generated token, plus per-token rewards such as a KL penalty, summed into returns-to-go with
-  discount gamma (1 by default), then whitened over the batch's generated tokens.
+- :func:`reinforce_pp_advantages`: REINFORCE++ (Hu, 2025; estimator ``reinforce_pp``, R1-Searcher's
+  algorithm, OpenRLHF's ``reinforce``): no critic and no baseline. The outcome reward sits on the last
+  generated token, a per-token penalty such as ``kl_coeff * KL`` is subtracted on every generated token,
+  the token rewards are summed into returns-to-go with discount gamma (1 by default), and the returns are
+  whitened (mean and std) over the generated tokens of the whole batch, across learners.
+- :func:`reinforce_pp_baseline`: REINFORCE++-baseline (estimator ``reinforce_pp_baseline``, OpenRLHF's
+  ``reinforce_baseline``): the same, from the outcome reward minus its group's mean (over whole groups,
+  before sharding), with no division by the group's std.
+
+:func:`episode_signals` is the per-episode value each estimator starts from, computed over whole groups
+before episodes are sharded across learners.
 
 Whitening takes a ``reduce_sums`` function: the learner passes one that sums the moments over every
 learner's shard, so 2 learners whiten like 1.
@@ -141,8 +148,9 @@ def outcome_token_rewards(
 
 
 def reinforce_pp_baseline(rewards: Sequence[float], group_ids: Sequence[str]) -> np.ndarray:
-    """REINFORCE++'s episode signal: the outcome reward minus its group's mean (a group of one keeps its
-    reward). Computed over whole groups, before episodes are sharded across learners."""
+    """REINFORCE++-baseline's episode signal: the outcome reward minus its group's mean (a group of one
+    keeps its reward); unlike GRPO, not divided by the group's std. Computed over whole groups, before
+    episodes are sharded across learners."""
     rewards = np.asarray(rewards, dtype=np.float64)
     return rewards - group_statistics(rewards, group_ids)[0]
 
@@ -154,11 +162,29 @@ def reinforce_pp_advantages(
     gamma: float = 1.0,
     reduce_sums: ReduceSums | None = None,
 ) -> np.ndarray:
-    """REINFORCE++ (R1-Searcher): :func:`reinforce_pp_baseline`'s signal on each episode's last generated
-    token, minus ``token_penalty`` per generated token, summed into returns-to-go with ``gamma``, then
-    whitened over the batch's generated tokens."""
+    """REINFORCE++'s token advantages: ``episode_signal`` (the outcome reward for ``reinforce_pp``,
+    :func:`reinforce_pp_baseline`'s centred reward for ``reinforce_pp_baseline``) on each episode's last
+    generated token, minus ``token_penalty`` on every generated token, summed into returns-to-go with
+    ``gamma``, then whitened over the generated tokens of every learner's shard (``reduce_sums``)."""
     rewards = outcome_token_rewards(episode_signal, mask, token_penalty)
     return masked_whiten(returns_to_go(rewards, mask, gamma), mask, reduce_sums=reduce_sums)
+
+
+def episode_signals(
+    estimator: str, rewards: Sequence[float], group_ids: Sequence[str], scale_by_std: bool = True
+) -> np.ndarray:
+    """The per-episode value ``estimator`` turns into token advantages, over whole groups: GRPO's advantage
+    (``grpo``), the reward minus its group's mean (``reinforce_pp_baseline``), or the reward itself
+    (``reinforce_pp``, ``gae``, ``sft``: group membership plays no part)."""
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards for {len(group_ids)} group ids")
+    if estimator == "grpo":
+        return grpo_advantages(rewards, group_ids, scale_by_std=scale_by_std)
+    if estimator == "reinforce_pp_baseline":
+        return reinforce_pp_baseline(rewards, group_ids)
+    if estimator in ("reinforce_pp", "gae", "sft"):
+        return np.asarray(rewards, dtype=np.float64)
+    raise ValueError(f"unknown advantage_estimator {estimator!r}")
 
 
 def overlong_penalty(generated_tokens: Sequence[int], max_tokens: int, buffer_tokens: int) -> np.ndarray:

@@ -14,7 +14,9 @@ recomputed old log-probs) and turns the episode values into token advantages wit
 - GRPO: the episode's advantage on each of its generated tokens (``batching.broadcast_to_tokens``);
 - PPO: GAE over generated tokens on rewards that carry the outcome on the last generated token and, as in
   Search-R1, ``-kl_coeff * KL`` on every generated token; optionally whitened;
-- REINFORCE++: the same rewards summed into returns-to-go, then whitened (``reinforce_pp_advantages``).
+- REINFORCE++ (``reinforce_pp``, no baseline) and REINFORCE++-baseline (``reinforce_pp_baseline``, the
+  episode value already centred on its group's mean): the same rewards summed into returns-to-go, then
+  whitened over the generated tokens of every learner's shard (``reinforce_pp_advantages``).
 
 Whitening moments are summed over all learners (:meth:`reduce_sums`), so 2 learners whiten like 1.
 A learner connector is not used: RLlib runs it only on episodes, and this batch is built from rollouts.
@@ -125,7 +127,7 @@ class SearchLearner(Learner, abc.ABC):
             if cfg.whiten_advantages:
                 advantages = masked_whiten(advantages, mask, reduce_sums=self.reduce_sums)
             return {"advantages": advantages.astype(np.float32), "returns": returns.astype(np.float32)}
-        if cfg.advantage_estimator == "reinforce_pp":
+        if cfg.advantage_estimator in ("reinforce_pp", "reinforce_pp_baseline"):
             advantages = reinforce_pp_advantages(
                 episode, mask, penalty, gamma=cfg.gamma, reduce_sums=self.reduce_sums
             )

@@ -4,7 +4,8 @@ compared on held-out questions, question by question (``tuned_examples/findings.
 - Search-R1 (arXiv 2503.09516) Table 4: retrieved-token masking on vs off;
 - the empirical study (arXiv 2505.15117): λ_f 0 vs 0.2 from a weaker warm start, λ_r 0 vs 0.1;
 - the study's retrievers: dense (the bundled all-MiniLM-L6-v2, Flat) vs BM25 vs random passages;
-- GRPO vs PPO (Search-R1 section 5.1) vs REINFORCE++ (R1-Searcher's algorithm);
+- GRPO vs PPO (Search-R1 section 5.1) vs REINFORCE++ (R1-Searcher section 4.1: REINFORCE++ as published,
+  no baseline) and REINFORCE++-baseline (the group's mean reward subtracted first);
 - R-Search: the evidence reward (the served Gemma-3-270M judge) on vs off.
 
 An arm is a transform of its finding's base recipe (``search_r1_grpo`` or ``r_search_grpo`` at CPU scale):
@@ -13,6 +14,11 @@ seeds. Each trial's held-out evaluation (greedy, at its last iteration) carries 
 (``held_out(answers=True)``), so an arm's EM pools its seeds' questions and a comparison is the paired
 per-question difference (``algos/evaluation/scores.py``: ``score_predictions``, ``paired_gain``), with a 95%
 bootstrap interval over (seed, question) pairs, per hop count and pooled.
+
+The labels (each paper's claim, the verdict against it, the notes) are this module's, applied again whenever
+the report is written (:func:`relabel`), so a corrected claim reaches the report without training again. A
+re-check of an arm on another machine (``check*.json`` beside the results, ``check.py``) is reported beside
+the verdict it bears on.
 """
 
 from __future__ import annotations
@@ -30,15 +36,22 @@ CURVE_COLUMNS = ("env_runners/reward/em", "env_runners/reward/answer_f1", "env_r
 #: Search-R1's format component is its format check (1 well-formed, 0 not), so its mean is the share of
 #: well-formed training trajectories; the other protocols' format terms are scaled rewards, not shares.
 FORMAT_CURVE_COLUMNS = ("env_runners/reward/format",)
-ALGORITHMS = ("grpo", "ppo", "reinforce_pp")
+#: Each algorithm an arm trains with: its config class's name in ``rllib_search.algos`` and its estimator.
+ALGORITHMS = {
+    "grpo": ("SearchGRPOConfig", "grpo"),
+    "ppo": ("SearchPPOConfig", "gae"),
+    "reinforce_pp": ("SearchReinforcePPConfig", "reinforce_pp"),
+    "reinforce_pp_baseline": ("SearchReinforcePPConfig", "reinforce_pp_baseline"),
+}
 
 
 @dataclass(frozen=True)
 class Arm:
     """One configuration of a finding: ``transform(config, context)`` of the finding's base recipe, trained
-    with ``algorithm``. A compared arm names the arm it is compared ``versus`` (the difference is this arm
-    minus that one) and the sign the paper reports for it (``expected``: +1, -1, 0 for "no difference",
-    None for no claim), in words in ``direction``."""
+    with ``algorithm`` (a key of :data:`ALGORITHMS`). A compared arm names the arm it is compared ``versus``
+    (the difference is this arm minus that one) and the sign the paper reports for it (``expected``: +1, -1,
+    0 for "no difference", None for no claim), in words in ``direction``, from ``source`` (default: the
+    finding's). ``note`` is what the comparison's data show beyond its verdict, reported whatever it is."""
 
     name: str
     transform: Callable[[Any, dict[str, Any]], Any]
@@ -46,6 +59,8 @@ class Arm:
     versus: str | None = None
     expected: int | None = None
     direction: str = ""
+    source: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,14 +131,18 @@ FINDINGS: tuple[Finding, ...] = (
         ),
         reason=(
             "in 10 updates of 8 episodes from a warm start that already answers 1-hop questions, the "
-            "training answer reward does not rise in either arm and no arm answers a 2-hop question; seed "
-            "1 collapses in both (masking off: held-out EM 0.02 with 1.9 searches an episode; on: 0.00, "
-            "its sampled format reward 0 from iteration 8, its episodes running to the turn limit on "
-            "invalid actions), and seeds 0 and 2 end a few answers apart either way (off 0.43, 0.42; on "
-            "0.35, 0.46). What does show the paper's mechanism is the drift: with masking off the loss "
-            "also fits the passages' tokens, and the KL to the warm start reached 0.44-0.64 in every seed, "
-            "against 0.04-0.48 with masking on; Search-R1's gain in EM comes from ~1000 steps of a 3B "
-            "model, where that drift costs answers"
+            "training answer reward does not rise in either arm and no arm answers a 2-hop question. On the "
+            "study's machine seed 1 collapsed in both arms (masking off: held-out EM 0.02 with 1.9 searches "
+            "an episode; on: 0.00, its sampled format reward 0 from iteration 8, its episodes running to "
+            "the turn limit on invalid actions) and seeds 0 and 2 ended a few answers apart either way (off "
+            "0.43, 0.42; on 0.35, 0.46). That run did not reproduce on another machine (the re-checks below; "
+            "docs/findings_check.md): there seed 1 collapsed in neither arm (on 0.39, off 0.42) and the "
+            "masking-on arm's pooled EM moved by +0.093 [+0.019, +0.167], so a seed's collapse is a draw of "
+            "the machine's arithmetic, not an effect of masking, and at seed 1 masking is not ahead there "
+            "either (0.39 vs 0.42). On the study's machine the KL to the warm start was larger with masking "
+            "off (0.44-0.64 in every seed, against 0.04-0.48 with masking on: the loss also fits the "
+            "passages' tokens), the drift Search-R1's masking prevents; the re-checks compare EM only, so "
+            "that KL gap is one run's observation, not a reproduced finding"
         ),
     ),
     Finding(
@@ -220,7 +239,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding(
         key="algorithms",
         title="RL algorithm",
-        source="Search-R1 section 5.1; R1-Searcher",
+        source="Search-R1 section 5.1; R1-Searcher section 4.1",
         base="search_r1",
         arms=(
             Arm("GRPO", _same, algorithm="grpo"),
@@ -229,33 +248,57 @@ FINDINGS: tuple[Finding, ...] = (
                 _same,
                 algorithm="ppo",
                 versus="GRPO",
-                expected=0,
-                direction="similar final EM (GRPO converges faster, PPO is more stable)",
+                expected=-1,
+                source="Search-R1 section 5.1, Table 3",
+                direction=(
+                    "GRPO ahead on held-out EM (average over 7 datasets higher in 3 of 4 models: 0.298, "
+                    "0.365, 0.324 vs PPO's 0.292, 0.327, 0.305; LLaMA3.2-3B-Instruct the exception, 0.263 vs "
+                    "0.322); final training rewards alike; PPO the more stable"
+                ),
+                note=(
+                    "the sign is Table 3's, the cause is not: two PPO seeds of three lost their format or "
+                    "their searches: seed 0's valid-action rate fell from 1.0 to 0.17 by iteration 10 and "
+                    "its share of well-formed training trajectories to 0 over iterations 8-10 (held-out EM "
+                    "0.01, format validity 0.00); seed 1 kept 0.79 of its sampled trajectories well-formed, "
+                    "but its greedy policy stopped searching (0.11 searches a held-out episode, format "
+                    "validity 0.08, EM 0.05); seed 2 ends at 0.33. GRPO lost one seed of three the same way "
+                    "(seed 1: well-formed share 0 over iterations 8-10, held-out EM 0.00; seeds 0 and 2 "
+                    "0.35, 0.46), so the gap is one collapse more, and PPO is the less stable one here where "
+                    "Search-R1 found it the more stable, after a critic warm-up over far more steps. PPO's "
+                    "advantages come from a value head that starts untrained and sees 8 episodes an "
+                    "iteration, so they carry the critic's noise where GRPO's come from the group's own "
+                    "rewards (at 48 tokens PPO also lost two seeds, -0.25)"
+                ),
             ),
             Arm(
-                "REINFORCE++",
+                "REINFORCE++ (no baseline)",
                 _same,
                 algorithm="reinforce_pp",
                 versus="GRPO",
-                direction="no head-to-head claim (R1-Searcher's choice)",
+                expected=1,
+                source="R1-Searcher section 4.1, Table 3",
+                direction=(
+                    "in-domain, as the held-out questions here are, REINFORCE++ ahead "
+                    "(Llama-3.1-8B-Instruct: HotpotQA EM 58.4 vs 53.0, 2Wiki 57.5 vs 58.0); out of domain "
+                    "GRPO ahead (Bamboogle 44.0 vs 48.0); average CEM level (58.9 vs 59.0), training rewards "
+                    "alike"
+                ),
             ),
-        ),
-        reason=(
-            "two PPO seeds of three lost their format or their searches: seed 0's valid-action rate fell "
-            "from 1.0 to 0.17 by iteration 10 and its share of well-formed training trajectories to 0 over "
-            "iterations 8-10 (held-out EM 0.01, format validity 0.00); seed 1 kept 0.79 of its sampled "
-            "trajectories well-formed, but its greedy policy stopped searching (0.11 searches a held-out "
-            "episode, format validity 0.08, EM 0.05); seed 2 ends at 0.33. GRPO lost one seed of three "
-            "the same way (seed 1: well-formed share 0 over iterations 8-10, held-out EM 0.00; seeds 0 and "
-            "2 0.35, 0.46), so the gap is one collapse more, not a slower learner. PPO's advantages come "
-            "from a value head that starts untrained and sees 8 episodes an iteration, so they carry the "
-            "critic's noise where GRPO's come from the group's own rewards; Search-R1 found PPO the more "
-            "stable one after a critic warm-up over far more steps (at 48 tokens PPO also lost two seeds, "
-            "-0.25). REINFORCE++ (no paper claim against GRPO) is the one algorithm that lost no seed: "
-            "held-out EM 0.38 / 0.43 / 0.41, format validity 1.0 in every seed, its KL to the warm start "
-            "0.001-0.08 at iteration 10 against GRPO's 0.04-0.48 and PPO's 0.10-0.32 (its KL penalty is "
-            "in the reward and its returns are whitened over the batch); its +0.14 [+0.08, +0.19] over "
-            "GRPO is GRPO's collapsed seed: seeds 0 and 2 end 0.38 vs 0.35 and 0.41 vs 0.46"
+            Arm(
+                "REINFORCE++-baseline",
+                _same,
+                algorithm="reinforce_pp_baseline",
+                versus="GRPO",
+                source="R1-Searcher section 4.1",
+                direction="compares REINFORCE++ without a baseline (the row above), not this variant",
+                note=(
+                    "REINFORCE++-baseline is the one algorithm that lost no seed: held-out EM 0.38 / 0.43 / "
+                    "0.41, format validity 1.0 in every seed, its KL to the warm start 0.001-0.08 at "
+                    "iteration 10 against GRPO's 0.04-0.48 and PPO's 0.10-0.32 (its KL penalty is in the "
+                    "reward and its returns are whitened over the batch); its +0.14 [+0.08, +0.19] over GRPO "
+                    "is GRPO's collapsed seed: seeds 0 and 2 end 0.38 vs 0.35 and 0.41 vs 0.46"
+                ),
+            ),
         ),
     ),
     Finding(
@@ -278,8 +321,10 @@ FINDINGS: tuple[Finding, ...] = (
             "the arms differ on 1-hop answers only (EM 0.58 on, 0.62 off), and no seed in either arm "
             "answered a held-out 2-hop question, where R-Search reports most of the evidence's gain (its "
             "ablation also removes the evidence from the rollout; here only the reward is switched). In 10 "
-            "iterations of 8 episodes the evidence term (0.2 x the served Gemma-3-270M judge's answer F1 "
-            "from the policy's quoted evidence) was above 0 in 19 of 30 sampled iterations, 17 of them "
+            "iterations of 8 episodes the evidence term (the served Gemma-3-270M judge's answer F1 from the "
+            "policy's quoted evidence, added with weight 1 as in R-Search's eq. 6; the 0.2 of eq. 5 is γ_e, "
+            "the format reward for a well-formed evidence box) was above 0 in 19 of 30 sampled iterations, "
+            "17 of them "
             "iterations whose own answers scored too, so it mostly rescaled the advantages of episodes "
             "GRPO reinforced anyway: the two arms sampled the same answers for their first 9, 7 and 5 "
             "iterations (seeds 0, 1, 2) and end 1-3 held-out answers apart a seed (off 0.29, 0.30, 0.34; "
@@ -309,24 +354,31 @@ def experiment_name(finding: Finding, arm: Arm, max_turn_tokens: int) -> str:
     return f"{finding.key}__{slug}__{max_turn_tokens}_tokens"
 
 
-def trainable(arm: Arm) -> Any:
-    """The RLlib Algorithm class an arm trains with."""
-    from rllib_search.algos import SearchGRPO, SearchPPO, SearchReinforcePP
+def config_class(algorithm: str) -> Any:
+    """The config class ``algorithm`` (a key of :data:`ALGORITHMS`) trains with."""
+    import rllib_search.algos as algos
 
-    return {"grpo": SearchGRPO, "ppo": SearchPPO, "reinforce_pp": SearchReinforcePP}[arm.algorithm]
+    return getattr(algos, ALGORITHMS[algorithm][0])
+
+
+def trainable(arm: Arm) -> Any:
+    """The RLlib Algorithm class an arm trains with (its config class's, named without ``Config``)."""
+    import rllib_search.algos as algos
+
+    return getattr(algos, ALGORITHMS[arm.algorithm][0].removesuffix("Config"))
 
 
 def with_algorithm(config: Any, algorithm: str) -> Any:
     """``config`` trained by ``algorithm`` with the same env, model, learning rate, KL coefficient, masking
     and budget: the same episodes per iteration (PPO samples one response a prompt, so it takes
     ``group_size`` times the prompts) and mini-batch; each algorithm keeps its own estimator defaults (and
-    PPO the CPU recipe's critic learning rate)."""
-    from rllib_search.algos import SearchGRPOConfig, SearchPPOConfig, SearchReinforcePPConfig
+    PPO the CPU recipe's critic learning rate); its advantage estimator is the algorithm's
+    (:data:`ALGORITHMS`)."""
     from rllib_search.env.search_env import ENV_ID
     from rllib_search.recipes.search_r1 import search_r1_ppo
 
-    classes = {"grpo": SearchGRPOConfig, "ppo": SearchPPOConfig, "reinforce_pp": SearchReinforcePPConfig}
-    if type(config) is classes[algorithm]:
+    cls, estimator = config_class(algorithm), ALGORITHMS[algorithm][1]
+    if type(config) is cls and config.advantage_estimator == estimator:
         return config
     episodes = int(config.group_size) * int(config.prompts_per_sample)
     group = 1 if algorithm == "ppo" else int(config.group_size)
@@ -334,7 +386,7 @@ def with_algorithm(config: Any, algorithm: str) -> Any:
     if algorithm == "ppo":
         model_config["value_head"] = True
     new = (
-        classes[algorithm]()
+        cls()
         .environment(ENV_ID, env_config=copy.deepcopy(config.env_config))
         .rl_module(model_config=model_config)
         .rollouts(
@@ -352,6 +404,7 @@ def with_algorithm(config: Any, algorithm: str) -> Any:
             micro_batch_size=config.micro_batch_size,
             kl_coeff=config.kl_coeff,
             mask_retrieved_tokens=config.mask_retrieved_tokens,
+            advantage_estimator=estimator,
         )
     )
     if algorithm == "ppo":
@@ -439,12 +492,7 @@ def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) ->
     for arm in finding.arms:
         if arm.versus is None:
             continue
-        entry: dict[str, Any] = {
-            "arm": arm.name,
-            "versus": arm.versus,
-            "expected": arm.expected,
-            "direction": arm.direction,
-        }
+        measured = None
         if arm.name in complete and arm.versus in complete:
             after, before = _predictions(complete[arm.name]), _predictions(complete[arm.versus])
             keys = sorted(set(after) & set(before), key=str)
@@ -454,35 +502,79 @@ def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) ->
                 [after[k]["golden_answers"] for k in keys],
                 [after[k]["hops"] for k in keys],
             )
-            em = gain.pooled["em"]
-            verdict = reproduced(arm.expected, em.low, em.high)
-            learned = max(arms[name]["em"]["value"] for name in (arm.name, arm.versus)) >= 0.05
-            if verdict == "yes" and arm.expected == 0 and not learned:
-                verdict = (
-                    "inconclusive (neither arm learned)"  # "no difference" between two zeros says nothing
-                )
-            entry.update(
-                status="run",
-                pairs=len(keys),
-                em_gain=em.to_dict(),
-                gain=gain.to_dict(),
-                reproduced=verdict,
-            )
-            if entry["reproduced"] not in ("yes", "no claim"):
-                entry["reason"] = explain(finding, arms, entry)
-        else:
-            entry.update(status="not yet run", reproduced="not yet run")
-        comparisons.append(entry)
+            measured = {"pairs": len(keys), "em_gain": gain.pooled["em"].to_dict(), "gain": gain.to_dict()}
+        comparisons.append(labelled(finding, arm, arms, measured))
     return {
         "title": finding.title,
         "source": finding.source,
         "base": finding.base,
         "warm_start": finding.warm_start,
-        "status": "run"
-        if len(complete) == len(finding.arms)
-        else "partly run"
-        if complete
-        else "not yet run",
+        "status": _status(finding, arms),
+        "arms": arms,
+        "comparisons": comparisons,
+    }
+
+
+def _status(finding: Finding, arms: dict[str, Any]) -> str:
+    run = sum(arms.get(arm.name, {}).get("status") == "run" for arm in finding.arms)
+    return "run" if run == len(finding.arms) else "partly run" if run else "not yet run"
+
+
+def verdict(arm: Arm, arms: dict[str, Any], em_gain: dict[str, float]) -> str:
+    """The verdict of ``arm``'s measured difference (``em_gain``) against its paper's sign; a "no
+    difference" between two arms that both answer almost nothing is inconclusive, not a yes."""
+    result = reproduced(arm.expected, em_gain["low"], em_gain["high"])
+    learned = max(arms[name]["em"]["value"] for name in (arm.name, arm.versus)) >= 0.05
+    if result == "yes" and arm.expected == 0 and not learned:
+        return "inconclusive (neither arm learned)"
+    return result
+
+
+def labelled(
+    finding: Finding, arm: Arm, arms: dict[str, Any], measured: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``arm``'s comparison entry: the paper's claim as this module states it and, given what was
+    ``measured`` (``pairs``, ``em_gain``, ``gain``; None: not yet run), the verdict, the reason for a
+    non-reproduction and the arm's note."""
+    entry: dict[str, Any] = {
+        "arm": arm.name,
+        "versus": arm.versus,
+        "source": arm.source or finding.source,
+        "expected": arm.expected,
+        "direction": arm.direction,
+    }
+    if measured is None:
+        entry.update(status="not yet run", reproduced="not yet run")
+        return entry
+    entry.update(status="run", **measured, reproduced=verdict(arm, arms, measured["em_gain"]))
+    if entry["reproduced"] not in ("yes", "no claim"):
+        entry["reason"] = explain(finding, arms, entry)
+    if arm.note:
+        entry["note"] = arm.note
+    return entry
+
+
+def relabel(finding: Finding, analysis: dict[str, Any]) -> dict[str, Any]:
+    """``analysis`` (an :func:`analyse` output, perhaps written by an earlier version of this module) with
+    its arms and comparisons those ``finding`` has now and every label (claim, verdict, reason, note) this
+    module's: the measurements (each arm's figures, each comparison's paired gain) are kept as they are,
+    an arm the finding has gained reads "not yet run", and one it no longer has is left out."""
+    stored = {(c["arm"], c["versus"]): c for c in analysis.get("comparisons", []) if c.get("status") == "run"}
+    measured_arms = analysis.get("arms", {})
+    arms = {arm.name: measured_arms.get(arm.name, {"status": "not yet run"}) for arm in finding.arms}
+    comparisons = []
+    for arm in finding.arms:
+        if arm.versus is None:
+            continue
+        entry = stored.get((arm.name, arm.versus))
+        both_run = all(arms[name]["status"] == "run" for name in (arm.name, arm.versus))
+        measured = {key: entry[key] for key in ("pairs", "em_gain", "gain") if key in entry} if entry else {}
+        comparisons.append(labelled(finding, arm, arms, measured if measured and both_run else None))
+    return {
+        **analysis,
+        "title": finding.title,
+        "source": finding.source,
+        "status": _status(finding, arms),
         "arms": arms,
         "comparisons": comparisons,
     }
@@ -503,7 +595,7 @@ def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> st
         )
     else:
         parts.append(f"the difference is {gain['value']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]")
-    return "; ".join([*parts, finding.reason])
+    return "; ".join([*parts, finding.reason] if finding.reason else parts)
 
 
 # --- the report -------------------------------------------------------------------------------------------
@@ -569,13 +661,15 @@ def report(
 ) -> dict[str, Any]:
     """Write ``findings.json`` and the markdown report (one table, the learning curves beside it as PNGs
     under ``<markdown's folder>/findings/``) from ``results`` (finding key -> :func:`analyse` output or
-    absent: not yet run); returns the JSON document."""
+    absent: not yet run), labelled by this module (:func:`relabel`), with the re-checks found beside
+    ``json_path`` (:func:`rechecks`); returns the JSON document."""
     from rllib_search.recipes.sweeps import plot_mean_curves
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     document = {"generated": date, "run": run, "findings": {}}
     figures = markdown.parent / "findings"
     status = "" if run else ' No arm has run yet: every row reads "not yet run".'
+    checks = rechecks(json_path.parent)
     lines = [
         "# The papers' findings in miniature",
         "",
@@ -594,16 +688,22 @@ def report(
         "- EM: held-out exact match pooled over seeds, 95% bootstrap interval over (seed, question); ΔEM: "
         "the paired per-question difference (arm minus the one it is compared with), 95% bootstrap interval. "
         'Reproduced: yes / no / inconclusive (interval covers 0); for a paper\'s "no difference", yes when '
-        "the interval covers 0.",
+        "the interval covers 0"
+        + (
+            "; re-checked: how the arms trained again on another machine compare (the re-checks below)."
+            if checks
+            else "."
+        ),
         "",
         "| Finding | Arm | Held-out EM [95% CI] | EM per hop count | Seeds | Compared with | ΔEM [95% CI] | "
         "Paper reports | Reproduced here |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    notes, curves_md = [], []
+    notes, arm_notes, curves_md = [], [], []
     for finding in FINDINGS:
         analysis = results.get(finding.key)
         if analysis is not None:
+            analysis = relabel(finding, analysis)
             document["findings"][finding.key] = analysis
         else:
             document["findings"][finding.key] = {
@@ -620,16 +720,23 @@ def report(
             per_hop = _per_hop(figures_of_arm["scores"]) if run_here else "—"
             versus = gain = paper = verdict = "—"
             if arm.versus is not None:
-                versus, paper = arm.versus, f"{finding.source}: {arm.direction}"
+                versus, paper = arm.versus, f"{arm.source or finding.source}: {arm.direction}"
                 comparison = comparisons.get(arm.name, {})
                 verdict = comparison.get("reproduced", "not yet run")
                 if comparison.get("status") == "run":
                     gain = _estimate(comparison["em_gain"], signed=True)
-                    if "reason" in comparison:
-                        notes.append(
-                            f"- **{finding.title}, {arm.name} vs {arm.versus}** ({verdict}): "
-                            f"{comparison['reason']}."
+                    bearing = [
+                        c for c in checks if c["finding"] == finding.key and c["arm"] in (arm.name, versus)
+                    ]
+                    if bearing:
+                        verdict += "; re-checked on another machine: " + ", ".join(
+                            f"{c['arm']} {c['verdict']}" for c in bearing
                         )
+                    heading = f"- **{finding.title}, {arm.name} vs {arm.versus}** ({verdict}): "
+                    if "reason" in comparison:
+                        notes.append(f"{heading}{comparison['reason']}.")
+                    if "note" in comparison:
+                        arm_notes.append(f"{heading}{comparison['note']}.")
             lines.append(
                 f"| {finding.title} | {arm.name} | {em} | {per_hop} | {seeds} | {versus} | {gain} | "
                 f"{paper} | {verdict} |"
@@ -656,6 +763,20 @@ def report(
                 curves_md.append(f"![{finding.title}: well-formed](findings/{png.name})")
     if notes:
         lines += ["", "## Why a finding did not reproduce here", "", *notes]
+    if arm_notes:
+        lines += ["", "## What the comparisons' data show beyond their verdicts", "", *arm_notes]
+    if checks:
+        lines += [
+            "",
+            "## Re-checks on another machine",
+            "",
+            "Arms trained again from the same seeds and settings on another machine "
+            "(`tuned_examples/findings.py --check`; `rllib_search/recipes/findings/check.py` says what "
+            "carries across CPUs), each set beside its committed EM. A verdict whose arms' re-check differs "
+            "is one machine's result: it did not reproduce.",
+            "",
+            *[_recheck_line(check, markdown.parent) for check in checks],
+        ]
     if curves_md:
         lines += [
             "",
@@ -672,6 +793,35 @@ def report(
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(document, indent=2) + "\n")
     return document
+
+
+def rechecks(folder: Path) -> list[dict[str, Any]]:
+    """The compared arms of every re-check (``check*.json``, ``check.py``'s documents) in ``folder``, in
+    file-name order, each with the file it came from and the machine it re-ran on."""
+    entries = []
+    for path in sorted(folder.glob("check*.json")):
+        document = json.loads(path.read_text())
+        machine = document.get("rerun", {}).get("machine")
+        for entry in document.get("arms", []):
+            if entry.get("status") == "compared":
+                entries.append({**entry, "file": path, "machine": machine})
+    return entries
+
+
+def _recheck_line(check: dict[str, Any], folder: Path) -> str:
+    """One re-checked arm: where it re-ran, each seed's committed and re-run EM, the pooled difference."""
+    import os
+
+    machine = machine_line(check["machine"]) if check["machine"] else "machine not recorded"
+    seeds = "; ".join(
+        f"seed {r['seed']}: {r['committed_em']:.3f} -> {r['rerun_em']:.3f}" for r in check["per_seed"]
+    )
+    d = check["difference"]
+    return (
+        f"- **{check['title']}, {check['arm']}** (`{os.path.relpath(check['file'], folder)}`, on {machine}): "
+        f"{seeds}; pooled {check['committed_em']:.3f} -> {check['rerun_em']:.3f}, "
+        f"{d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]: {check['verdict']}."
+    )
 
 
 def _seed_curves(analysis: dict[str, Any], field: str) -> dict[str, list[list[float]]]:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rllib_search.recipes.process_memory import JobMemory
 from rllib_search.recipes.tiny_cpu.config import TinyCPUConfig
 
 HOPS = (1, 2)
@@ -530,8 +531,10 @@ def report(
     rl: RLResult,
     table: list[dict[str, Any]],
     say: Progress,
+    memory: dict[str, Any],
 ) -> dict[str, Any]:
-    """The table with RL's paired gain over the warm start; summary.json, predictions.jsonl, training.png."""
+    """The table with RL's paired gain over the warm start; summary.json (with the job's peak memory),
+    predictions.jsonl, training.png."""
     from rllib_search.algos.evaluation.scores import Estimate, paired_gain
     from rllib_search.llm.models import cpu_times, matmul_gflops, steal_share
 
@@ -576,6 +579,7 @@ def report(
         "rl_validation": rl.validation,
         "settings": {k: v for k, v in asdict(config).items() if k != "metrics_port"},
         "machine": machine,
+        "memory": memory,
         "checkpoint": rl.checkpoint,
         "seconds": say.seconds(),
     }
@@ -637,12 +641,27 @@ def run(config: TinyCPUConfig, precision_measured: bool = False) -> dict[str, An
     progress(f"output directory: {config.out}")
     torch.set_num_threads(config.threads)
     Path(config.out).mkdir(parents=True, exist_ok=True)
-    world = build_world(config, progress)
-    machine = describe_machine(config, precision_measured, progress)
-    start_services(config, world, progress)
-    evaluate = HeldOutEvaluation(config, world, progress)
-    warm = warm_start(config, world, evaluate, progress)
-    rl = train_rl(config, world, warm, evaluate, progress)
-    summary = report(config, world, machine, warm, rl, evaluate.table, progress)
+    with JobMemory(interval_s=2.0) as memory:
+        world = build_world(config, progress)
+        machine = describe_machine(config, precision_measured, progress)
+        memory.stage("services")
+        start_services(config, world, progress)
+        evaluate = HeldOutEvaluation(config, world, progress)
+        memory.stage("warm start")
+        warm = warm_start(config, world, evaluate, progress)
+        memory.stage("rl")
+        rl = train_rl(config, world, warm, evaluate, progress)
+        memory.stage("report")
+        peak = memory.summary()
+        progress(describe_memory(peak))
+        summary = report(config, world, machine, warm, rl, evaluate.table, progress, peak)
     progress(f"output directory: {config.out}")
     return summary
+
+
+def describe_memory(peak: dict[str, Any]) -> str:
+    """The job's peak memory in one line, with the three processes that held the most then."""
+    largest = sorted(peak["peak_pss_mb_by_process"].items(), key=lambda item: -item[1])[:3]
+    held = ", ".join(f"{label} {mb / 1024:.2f}" for label, mb in largest)
+    gigabytes = peak["peak_pss_mb"] / 1024
+    return f"memory: peak {gigabytes:.2f} GB PSS over the job's processes, in {peak['peak_stage']} ({held})"

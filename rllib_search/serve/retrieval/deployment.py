@@ -19,10 +19,12 @@ of through the Python proxy actor (measured in ``benchmarks/retriever_bench.py``
 
 # No ``from __future__ import annotations`` here: FastAPI must see the request model's real type on the
 # ingress methods to read it from the body.
+import asyncio
 import logging
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,28 @@ def _replica_gpu_ids() -> list[str]:
     return [str(gpu) for gpu in ray.get_gpu_ids()] if ray.is_initialized() else []
 
 
+def replica_cpus() -> float:
+    """The CPUs Ray reserved for this replica (``ray_actor_options.num_cpus``); 1 outside a Ray worker."""
+    import ray
+
+    if not ray.is_initialized():
+        return 1.0
+    try:
+        return float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)) or 1.0
+    except AssertionError:  # the driver, not a worker
+        return 1.0
+
+
+def set_search_threads(threads: int) -> None:
+    """Give torch (the query encoder) and faiss ``threads`` threads for each search."""
+    import torch
+
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+
+
 def faiss_gpu_problem(gpu_ids: Sequence[str], kind: str, device: str | None = None) -> str | None:
     """Why a replica given GPUs ``gpu_ids`` cannot search its ``kind`` index on them (a faiss build without
     GPU support: the CPU build won, see the README's install section), or None when it can (or need not)."""
@@ -193,6 +217,8 @@ class RetrieverDeployment:
         device: str | None = None,
         dtype: str | None = "auto",
         synthetic_world_seed: int | None = None,
+        concurrent_batches: int = 1,
+        thread_min_queries: int = 16,
     ) -> None:
         from rllib_search.serve.retrieval.load import load_index
 
@@ -207,12 +233,26 @@ class RetrieverDeployment:
         problem = faiss_gpu_problem(_replica_gpu_ids(), str(self.index.manifest.get("kind")), device)
         if problem is not None:
             raise RuntimeError(problem)
-        self._search_batched.set_max_batch_size(max_batch_queries)
-        self._search_batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.concurrent_batches = max(1, int(concurrent_batches))
+        self.threads = max(1, int(replica_cpus()) // self.concurrent_batches)
+        set_search_threads(self.threads)
+        self.thread_min_queries = thread_min_queries
+        self._workers = ThreadPoolExecutor(self.concurrent_batches, thread_name_prefix="search")
+        self._search_batched = serve.batch(
+            max_batch_size=max_batch_queries,
+            batch_wait_timeout_s=batch_wait_timeout_s,
+            max_concurrent_batches=self.concurrent_batches,
+            batch_size_fn=lambda items: sum(len(q) for q, _ in items),
+        )(self._search_batch)
         self.batches = 0
         self.batched_queries = 0
-        self.search_seconds = 0.0
-        logger.info("retriever replica ready: %s", self.index.manifest.get("kind"))
+        self.busy_seconds = 0.0
+        logger.info(
+            "retriever replica ready: %s, %d batch(es) at once on %d thread(s) each",
+            self.index.manifest.get("kind"),
+            self.concurrent_batches,
+            self.threads,
+        )
 
     # --- in-cluster API (DeploymentHandle) ---------------------------------------------------------------
     async def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
@@ -225,37 +265,42 @@ class RetrieverDeployment:
         return await self._search_batched((list(queries), int(topk)))
 
     async def stats(self) -> dict[str, Any]:
-        """Replica statistics: resident memory, batches run, mean queries per batch, index manifest."""
+        """Replica statistics: its id, resident memory, batches run, queries searched, seconds spent
+        searching (summed over concurrent batches), threads, index manifest."""
         from rllib_search.serve.memory import resident_memory_mb
 
         mean = self.batched_queries / self.batches if self.batches else 0.0
         return {
+            "replica_id": serve.get_replica_context().replica_id.unique_id,
             "rss_mb": resident_memory_mb(),
             "batches": self.batches,
+            "queries": self.batched_queries,
             "mean_queries_per_batch": mean,
-            "search_seconds": self.search_seconds,
+            "busy_seconds": self.busy_seconds,
+            "concurrent_batches": self.concurrent_batches,
+            "threads": self.threads,
             "limits": asdict(self.limits),
             "manifest": self.index.manifest,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
-    @serve.batch(
-        max_batch_size=1024,
-        batch_wait_timeout_s=0.005,
-        batch_size_fn=lambda items: sum(len(q) for q, _ in items),
-    )
-    async def _search_batched(self, requests: list[tuple[list[str], int]]) -> list[list[list[Passage]]]:
-        """ONE index call (one encoder pass) for the queries of every request in the batch."""
+    async def _search_batch(self, requests: list[tuple[list[str], int]]) -> list[list[list[Passage]]]:
+        """ONE index call (one encoder pass) for the queries of every request in the batch. A batch of
+        ``thread_min_queries`` or more runs in a worker thread, so that the event loop keeps reading requests
+        meanwhile; a smaller one runs on the loop, blocking it: the requests that arrive meanwhile wait in
+        Serve's queues and all join the next batch, where in a thread they would trickle into small batches
+        that each pay the search's fixed costs."""
         queries = [query for request_queries, _ in requests for query in request_queries]
         topk = max(k for _, k in requests)
-        # The search runs on the event loop, blocking it: requests that arrive meanwhile wait in Serve's
-        # queues and all join the next batch. In a worker thread the search competes with the loop for the
-        # GIL at every torch op (measured at 32 concurrent requests: batches of 1 to 6 queries and 45 q/s,
-        # against 82 q/s on the loop).
         started = time.perf_counter()
-        results = self.index.search(queries, topk)
+        if len(queries) >= self.thread_min_queries:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._workers, self.index.search, queries, topk
+            )
+        else:
+            results = self.index.search(queries, topk)
         seconds = time.perf_counter() - started
-        self.search_seconds += seconds
+        self.busy_seconds += seconds
         record("serve_batch_items", len(queries), METRIC_TAGS)
         record("serve_batch_seconds", seconds, METRIC_TAGS)
         self.batches += 1
@@ -316,6 +361,9 @@ def build_retriever_app(args: dict[str, Any]) -> serve.Application:
     ``synthetic_world_seed`` (serve :func:`synthetic_world_index`, built by each replica), ``encoder``,
     ``max_batch_queries``, ``batch_wait_timeout_s``, ``limits`` (dict), ``device``, ``dtype`` (the query
     encoder's; default ``"auto"``: fp16 on a GPU, bf16 on a CPU where bf16 is native and pays, else fp32),
+    ``concurrent_batches`` (batches a replica runs at once, default 1; each gets an equal share of the
+    replica's CPUs as torch and faiss threads), ``thread_min_queries`` (a batch of at least this many
+    queries is searched off the event loop; default 16),
     and deployment options ``autoscaling_config`` (dict: min_replicas, max_replicas,
     target_ongoing_requests, ...), ``num_replicas`` and ``ray_actor_options`` (num_cpus, num_gpus, ...).
     Built in a connected Ray, it logs a warning when replicas ask for more GPUs than the cluster has.

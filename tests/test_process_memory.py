@@ -1,0 +1,41 @@
+"""The job's memory across its processes: PSS summed over the driver and every process it started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from rllib_search.recipes.process_memory import JobMemory
+
+HOLD = "import sys; block = b'x' * (300 * 2**20); print('ready', flush=True); sys.stdin.readline()"
+
+
+def test_a_child_process_memory_counts_toward_the_peak_of_its_stage():
+    memory = JobMemory(interval_s=60.0)  # sampled by hand here; the thread would sample once a minute
+    memory.stage("before")
+    before = sum(memory.sample().values())
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        memory.stage("holding")
+        holding = memory.sample()
+    finally:
+        child.communicate("done\n", timeout=60)
+    assert sum(holding.values()) - before > 290  # the child's 300 MB, counted once
+    summary = memory.summary()
+    assert summary["peak_stage"] == "holding"
+    assert summary["peak_pss_mb"] >= sum(holding.values()) - 1
+    assert summary["peak_pss_mb_by_stage"]["holding"] > summary["peak_pss_mb_by_stage"]["before"]
+    assert max(summary["peak_pss_mb_by_process"].values()) > 290  # the child, by its label
+
+
+def test_the_sampling_thread_runs_until_stopped():
+    with JobMemory(interval_s=0.05) as memory:
+        memory.stage("work")
+        block = b"y" * (50 * 2**20)
+        while memory.samples < 3:
+            memory._stop.wait(0.05)
+    assert len(block) and memory.summary()["samples"] >= 4  # the last one taken at stop
+    assert memory.summary()["peak_pss_mb"] > 50
