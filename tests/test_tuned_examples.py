@@ -48,6 +48,11 @@ def test_tiny_cpu_grpo_runs_every_stage_and_saves_a_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [row["stage"] for row in summary["evaluation"]] == ["before", "after warm start", "after RL"]
     assert len(summary["grpo"]) == 2
+    # The job's peak memory over its processes, by stage and by process, and the line that says it.
+    memory = summary["memory"]
+    assert memory["peak_pss_mb"] > 100 and {"warm start", "rl"} <= set(memory["peak_pss_mb_by_stage"])
+    assert memory["peak_pss_mb_by_process"]["driver"] > 100 and "memory: peak " in done.stdout
+    assert not (out / ".weights").exists()  # weight snapshots are removed once RL is done
     # The smoke's 32-token turns cut the teacher's: the job says so and counts them.
     assert summary["demonstrated_turns_over_budget"] > 0
     assert "demonstrated turns are longer than the 32-token turn budget" in done.stdout

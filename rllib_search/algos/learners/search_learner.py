@@ -45,6 +45,7 @@ from rllib_search.algos.learners.advantages import (
 )
 from rllib_search.algos.learners.batching import broadcast_to_tokens
 from rllib_search.algos.learners.lr_warmup import LearningRateWarmup
+from rllib_search.llm.host_memory import release_free_heap
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
@@ -87,7 +88,9 @@ class SearchLearner(Learner, abc.ABC):
             batch, training_data = training_data.batch, None
         if batch is not None:
             batch = self.prepare_batch(batch)
-        return super().update(batch=batch, **kwargs)
+        results = super().update(batch=batch, **kwargs)
+        release_free_heap()  # the update's activations, freed: back to the OS between updates
+        return results
 
     def prepare_batch(self, batch: MultiAgentBatch) -> MultiAgentBatch:
         """Add ``ref_logprobs``, ``old_values``, ``advantages`` and ``returns`` (all (B, T-1)) to the

@@ -56,6 +56,7 @@ from rllib_search.env.protocols import get_protocol
 from rllib_search.env.rewards import ResponseSummary
 from rllib_search.env.search_env import JudgeReport, MultiTurnSearchEnv, SearchEnvConfig
 from rllib_search.llm.engines import Engine, SamplingParams
+from rllib_search.llm.host_memory import release_free_heap
 from rllib_search.serve.judge.client import build_judge, check_judge_family
 from rllib_search.serve.retrieval.client import build_retriever
 
@@ -437,6 +438,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 envs, episodes, ends.terminated, ends.truncated
             )
         ]
+        release_free_heap()  # the batch's caches, freed: back to the OS, not kept at the largest batch's size
         return rollouts, policy.generated_tokens, policy.generate_seconds, ends.judged
 
     def _enter_reward_stage(self, index: int) -> None:

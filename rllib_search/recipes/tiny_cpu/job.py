@@ -392,7 +392,7 @@ def train_rl(
     from rllib_search.algos.evaluation.scores import per_question_metrics
     from rllib_search.recipes import embedded
     from rllib_search.recipes.tiny_cpu.guidance import TeacherGuidance
-    from rllib_search.recipes.tiny_cpu.weight_interpolation import interpolate_weights
+    from rllib_search.recipes.tiny_cpu.weight_interpolation import WeightStore, interpolate_weights
 
     questions = world.undemonstrated[2][: config.rl_two_hop] + world.undemonstrated[1][: config.rl_one_hop]
     guidance = None
@@ -435,8 +435,10 @@ def train_rl(
         return result
 
     validations: list[dict[str, Any]] = []
-    kept_weights = None  # the best validation's weights while later iterations change them
-    start_weights = grpo.policy_weights() if config.rl_interpolate else None
+    # Snapshots on disk: the warm start's, the best validation's while later iterations change the weights.
+    snapshots = WeightStore(Path(config.out) / ".weights")
+    if config.rl_interpolate:
+        snapshots.save("warm_start", grpo.policy_weights())
     history = []
     for iteration in range(1, config.rl_iterations + 1):
         result = grpo.train()
@@ -467,7 +469,7 @@ def train_rl(
             validations.append(validation)
             best = best_validation(validations) is validation
             if best and iteration != config.rl_iterations:
-                kept_weights = grpo.policy_weights()
+                snapshots.save("kept", grpo.policy_weights())
             say(
                 f"validation after iteration {iteration}: EM 1-hop {validation['em_1hop']:.3f}  "
                 f"EM 2-hop {validation['em_2hop']:.3f}  ({validation['correct']} of "
@@ -477,19 +479,20 @@ def train_rl(
     if validations:
         kept_iteration = best_validation(validations)["iteration"]
         if kept_iteration != history[-1]["iteration"]:
-            grpo.load_policy_weights(kept_weights)
+            grpo.load_policy_weights(snapshots.load("kept"))
         say(f"RL keeps iteration {kept_iteration}'s weights (the validation with the most right answers)")
     kept_alpha, mixes = 1.0, []
     if config.rl_interpolate and validations:
-        end_weights = best_weights = grpo.policy_weights()
+        best = snapshots.save("end", grpo.policy_weights())
         mixes.append({"alpha": 1.0, **best_validation(validations)})
         fractions = sorted(set(config.rl_interpolate), reverse=True)  # from RL's end towards the warm start
         for alpha in fractions:
-            mixed = interpolate_weights(start_weights, end_weights, alpha)
+            mixed = interpolate_weights(snapshots.load("warm_start"), snapshots.load("end"), alpha)
             grpo.load_policy_weights(mixed)
             validation = {"alpha": alpha, **validate(kept_iteration)}
             if validation["correct"] > max(mix["correct"] for mix in mixes):  # a tie keeps the one nearer RL
-                kept_alpha, best_weights = alpha, mixed
+                kept_alpha, best = alpha, snapshots.save(f"mix_{alpha:g}", mixed)
+            del mixed
             mixes.append(validation)
             say(
                 f"validation at {alpha:g} x RL + {1 - alpha:g} x warm start: EM 1-hop "
@@ -497,8 +500,9 @@ def train_rl(
                 f"({validation['correct']} right)"
             )
         if kept_alpha != fractions[-1]:  # the weights last read are not the ones kept
-            grpo.load_policy_weights(best_weights)
+            grpo.load_policy_weights(snapshots.load(best))
         say(f"RL keeps the weights at {kept_alpha:g} x RL + {1 - kept_alpha:g} x warm start")
+    snapshots.clear()
     evaluate(grpo, "after RL")
     checkpoint = grpo.save_to_path(str((Path(config.out) / "checkpoint").resolve()))
     grpo.stop()

@@ -12,6 +12,9 @@ Written by hand: the averaging is one expression over RLlib's nested weight dict
 
 from __future__ import annotations
 
+import pickle
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,3 +46,25 @@ def interpolate_weights(start: Any, end: Any, alpha: float) -> Any:
             return end.copy()
         return ((1.0 - alpha) * start.astype(end.dtype) + alpha * end).astype(end.dtype)
     return end
+
+
+class WeightStore:
+    """Weight snapshots kept on disk rather than in memory: each is the policy's size in fp32, and RL keeps
+    up to three at once (the warm start, the best validation's, RL's end). ``save`` writes a snapshot under
+    ``directory`` and ``load`` reads it back exactly; ``clear`` removes them all."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def save(self, name: str, weights: Any) -> str:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / f"{name}.pkl", "wb") as file:
+            pickle.dump(weights, file, protocol=pickle.HIGHEST_PROTOCOL)
+        return name
+
+    def load(self, name: str) -> Any:
+        with open(self.directory / f"{name}.pkl", "rb") as file:  # written by save, in this job
+            return pickle.load(file)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
