@@ -184,6 +184,15 @@ TRAINING_PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
             (gauge("clip_fraction"), "clip fraction"),
         ],
     ),
+    (
+        "LLDS (likelihood displacement)",
+        "short",
+        "With training(llds_coeff>0): turns whose likelihood fell, and the penalty",
+        [
+            (gauge("llds_displaced_actions"), "displaced turns"),
+            (gauge("llds_penalty"), "penalty"),
+        ],
+    ),
 ]
 
 SERVICE_PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [

@@ -131,6 +131,8 @@ TRAINING: tuple[MetricSpec, ...] = (
     _learner("entropy", "Entropy of generated tokens"),
     _learner("value_loss", "Value loss (PPO)"),
     _learner("clip_fraction", "Share of clipped ratios"),
+    _learner("llds_penalty", "LLDS penalty before its coefficient (training(llds_coeff>0))"),
+    _learner("llds_displaced_actions", "Share of non-negative-advantage turns whose likelihood fell (LLDS)"),
     _learner("learning_rate", "Policy learning rate"),
     MetricSpec("weights_lag", "gauge", "Learner weights version minus the one the samples were drawn with"),
     _runner("episodes", "Episodes sampled", "counter", "num_episodes"),

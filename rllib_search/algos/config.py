@@ -88,6 +88,8 @@ class SearchConfig(AlgorithmConfig):
         self.clip_param_high: float | None = None  # None: clip_param (DAPO's clip-higher sets it above)
         self.max_response_tokens: int | None = None  # None: max_turns x max_turn_tokens
         self.overlong_buffer_fraction = 0.0  # DAPO's soft overlong punishment; 0: off
+        self.llds_coeff = 0.0  # LLDS likelihood-preserving regulariser's weight; 0: off
+        self.llds_gate = "action"  # LLDS gates each model turn ("action") or whole responses ("response")
         self.vf_clip_param = 0.5
         self.vf_loss_coeff = 0.5
         self.entropy_coeff = 0.0
@@ -369,6 +371,8 @@ class SearchConfig(AlgorithmConfig):
         clip_param_high: float | Any | None = NotProvided,
         max_response_tokens: int | Any | None = NotProvided,
         overlong_buffer_fraction: float | Any = NotProvided,
+        llds_coeff: float | Any = NotProvided,
+        llds_gate: str | Any = NotProvided,
         vf_clip_param: float | Any = NotProvided,
         vf_loss_coeff: float | Any = NotProvided,
         entropy_coeff: float | Any = NotProvided,
@@ -403,6 +407,10 @@ class SearchConfig(AlgorithmConfig):
         - ``clip_param_high`` (None: ``clip_param``), ``max_response_tokens`` (the response budget in
           generated tokens; None: ``max_turns`` x ``max_turn_tokens``), ``overlong_buffer_fraction``: the
           last fraction of that budget over which DAPO's reward penalty falls from 0 to -1 (0: off);
+        - ``llds_coeff`` (0: off; 0.2 in the LLDS paper's runs), ``llds_gate``: LLDS, added to any
+          ``policy_loss``: on each model turn (``"action"``) or response (``"response"``) with advantage >= 0
+          whose log-likelihood fell below the sampling policy's, the tokens whose log-probs fell are
+          penalised by log pi_old - log pi (``losses.llds_penalty``);
         - ``lambda_`` (GAE), ``clip_param``, ``vf_clip_param``, ``vf_loss_coeff``, ``entropy_coeff``;
         - ``kl_coeff``, ``kl_estimator`` (``k1`` | ``k3``), ``kl_in_reward`` (PPO, REINFORCE++) or in the
           loss (GRPO);
@@ -557,6 +565,12 @@ class SearchConfig(AlgorithmConfig):
             raise ValueError(
                 f"overlong_buffer_fraction must be in [0, 1], got {self.overlong_buffer_fraction}"
             )
+        if float(self.llds_coeff) < 0:
+            raise ValueError(f"llds_coeff must be >= 0, got {self.llds_coeff}")
+        if self.llds_gate not in ("action", "response"):
+            raise ValueError(f"llds_gate must be 'action' or 'response', got {self.llds_gate!r}")
+        if float(self.llds_coeff) > 0 and self.advantage_estimator == "sft":
+            raise ValueError("llds_coeff > 0 regularises an RL loss; SFT has none")
         if self.max_response_tokens is not None and int(self.max_response_tokens) < 1:
             raise ValueError(f"max_response_tokens must be None or positive, got {self.max_response_tokens}")
         if self.old_logprobs not in ("sampler", "recompute"):

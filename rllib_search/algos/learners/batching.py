@@ -29,6 +29,8 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     - ``response_mask``: (B, T-1), 1 where the next token is any response token (generated or inserted by the
       env); used only to reproduce Search-R1's no-mask ablation;
     - ``old_logprobs``: (B, T-1), the sampler's log-probability of the next token (0 off the mask);
+    - ``turn_index``: (B, T-1), 1 + the index in ``turn_spans`` of the generated turn the next token belongs
+      to, 0 outside every turn (LLDS's actions);
     - ``rewards``: (B,), each episode's reward;
     - ``prompt_lengths``: (B,), each episode's prompt tokens (rows with the same prompt share its forward:
       ``shared_prompt.py``);
@@ -44,6 +46,7 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
     loss_mask = np.zeros((batch, width), dtype=np.float32)
     response_mask = np.zeros((batch, width), dtype=np.float32)
     logprobs = np.zeros((batch, width), dtype=np.float32)
+    turn_index = np.zeros((batch, width), dtype=np.int32)
     weighted = any(r.nll_weights is not None for r in rollouts)
     nll_weights = np.ones((batch, width), dtype=np.float32)
     for row, rollout in enumerate(rollouts):
@@ -53,6 +56,8 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
         loss_mask[row, :n] = rollout.loss_mask
         response_mask[row, rollout.prompt_length : n] = 1.0
         logprobs[row, :n] = np.where(rollout.loss_mask.astype(bool), np.nan_to_num(rollout.logprobs), 0.0)
+        for turn, (start, end) in enumerate(rollout.turn_spans, start=1):
+            turn_index[row, start:end] = turn
         if rollout.nll_weights is not None:
             nll_weights[row, :n] = rollout.nll_weights
     columns = {
@@ -61,6 +66,7 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_token_id: int = 0) -> dict[str
         "loss_mask": torch.from_numpy(loss_mask[:, 1:]),
         "response_mask": torch.from_numpy(response_mask[:, 1:]),
         "old_logprobs": torch.from_numpy(logprobs[:, 1:]),
+        "turn_index": torch.from_numpy(turn_index[:, 1:]),
         "rewards": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
         "prompt_lengths": torch.tensor([r.prompt_length for r in rollouts], dtype=torch.int64),
     }

@@ -1,5 +1,5 @@
-"""The masked loss terms of PPO, GRPO, GSPO, Dr. GRPO, DAPO and REINFORCE++ as pure torch functions over
-(B, T) tensors.
+"""The masked loss terms of PPO, GRPO, GSPO, Dr. GRPO, DAPO and REINFORCE++, and the LLDS regulariser that
+any of them can add, as pure torch functions over (B, T) tensors.
 
 ``mask`` is 1 on tokens the policy generated and 0 on prompt, observation and padding tokens; it applies
 to EVERY term (policy, KL, entropy, value) and to every ratio, length and normaliser, so retrieved text
@@ -143,3 +143,60 @@ def sequence_policy_loss(
             "approx_kl": masked_mean(0.5 * log_ratio**2, mask, "token"),
         }
     return loss, stats
+
+
+def contiguous_actions(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) 1-based index of each maximal run of 1s in ``mask`` along its row, 0 off the mask: the
+    actions of rows whose turns are separated by observations, where the batch carries no ``turn_index``."""
+    on = mask.bool()
+    before = torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)
+    starts = on & ~before
+    return torch.cumsum(starts.long(), dim=-1) * on.long()
+
+
+def llds_penalty(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    action_ids: torch.Tensor,
+    aggregation: Aggregation = "sequence",
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """LLDS, the likelihood-preserving regulariser of Deng et al. (2025, "the Lazy Likelihood-Displacement"),
+    not yet weighted by its coefficient.
+
+    An action is the set of masked tokens of a row sharing one positive ``action_ids`` value (a model turn;
+    one value per row gives the paper's response-level gate). An action is gated on when it is in the
+    preserving set (the sum of its tokens' advantages is >= 0) and its log-likelihood fell since sampling
+    (sum over its tokens of log pi_old - log pi > 0). Within gated actions, each token whose log-prob fell
+    contributes log pi_old - log pi (> 0); every other token contributes 0. The per-token penalty is
+    aggregated like the other terms (``aggregation`` over ``mask``), and its gradient raises the
+    log-probs of exactly the tokens it penalises. Returns the penalty and ``llds_active_fraction`` (the
+    share of masked tokens penalised) and ``llds_displaced_actions`` (the share of preserving-set actions
+    whose likelihood fell).
+    """
+    in_action = mask.bool() & (action_ids > 0)
+    ids = torch.where(in_action, action_ids.long(), torch.zeros_like(action_ids, dtype=torch.long))
+    drop = torch.where(in_action, old_logprobs - logprobs, torch.zeros_like(logprobs))
+    token_advantages = torch.where(in_action, advantages, torch.zeros_like(advantages))
+    with torch.no_grad():
+        slots = int(ids.max()) + 1 if ids.numel() else 1
+        per_action = drop.new_zeros(ids.shape[0], slots)
+        action_drop = per_action.scatter_add(1, ids, drop.detach())
+        action_advantage = per_action.scatter_add(1, ids, token_advantages.to(drop.dtype))
+        action_tokens = per_action.scatter_add(1, ids, in_action.to(drop.dtype))
+        is_action = action_tokens > 0
+        is_action[:, 0] = False  # slot 0 collects the tokens outside every action
+        preserving = is_action & (action_advantage >= 0)
+        displaced = preserving & (action_drop > 0)
+        penalised = displaced.gather(1, ids) & in_action & (drop > 0)
+    per_token = torch.where(penalised, drop, torch.zeros_like(drop))
+    penalty = masked_mean(per_token, mask, aggregation, normaliser)
+    with torch.no_grad():
+        stats = {
+            "llds_active_fraction": masked_mean(penalised.to(drop.dtype), mask, "token"),
+            "llds_displaced_actions": displaced.sum().to(drop.dtype)
+            / preserving.sum().clamp(min=1).to(drop.dtype),
+        }
+    return penalty, stats

@@ -55,7 +55,9 @@ from rllib_search.algos.learners.batching import micro_batch_weights, micro_batc
 from rllib_search.algos.learners.losses import (
     clipped_policy_loss,
     clipped_value_loss,
+    contiguous_actions,
     kl_estimate,
+    llds_penalty,
     masked_mean,
     sequence_policy_loss,
 )
@@ -321,10 +323,11 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
     def masked_loss(
         self, batch: dict[str, Any], fwd_out: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The total loss of one micro-batch and its components: clipped surrogate + ``kl_coeff`` * KL
-        (when the KL is in the loss) - ``entropy_coeff`` * entropy + ``vf_loss_coeff`` * clipped value
-        loss, or the masked NLL for SFT; every term under the loss mask. The NLL terms (SFT, PPO-ptx) weight
-        each token by ``nll_weights`` where the batch has them (decision tokens of demonstrations)."""
+        """The total loss of one micro-batch and its components: clipped surrogate + ``llds_coeff`` * LLDS
+        + ``kl_coeff`` * KL (when the KL is in the loss) - ``entropy_coeff`` * entropy + ``vf_loss_coeff``
+        * clipped value loss, or the masked NLL for SFT; every term under the loss mask. The NLL terms (SFT,
+        PPO-ptx) weight each token by ``nll_weights`` where the batch has them (decision tokens of
+        demonstrations)."""
         cfg = self.config
         agg = cfg.loss_aggregation
         norm = cfg.response_token_budget() if agg == "constant" else None  # Dr. GRPO's one normaliser
@@ -340,6 +343,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         policy_loss, stats = self.policy_loss(logprobs, batch, mask)
         stats = {"policy_loss": policy_loss.detach(), "entropy": entropy, **stats}
         loss = policy_loss
+        if cfg.llds_coeff > 0:
+            penalty, llds_stats = self.llds_term(logprobs, batch, mask)
+            stats.update(llds_penalty=penalty.detach(), **llds_stats)
+            loss = loss + cfg.llds_coeff * penalty
         if "ref_logprobs" in batch:
             token_kl = kl_estimate(logprobs, batch["ref_logprobs"], cfg.kl_estimator)
             kl = masked_mean(token_kl, mask, agg, norm)
@@ -360,6 +367,24 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             stats["ptx_nll"] = ptx_nll.detach()
             loss = loss + cfg.ptx_coeff * ptx_nll
         return loss, stats
+
+    def llds_term(
+        self, logprobs: torch.Tensor, batch: dict[str, Any], mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """LLDS's penalty (``losses.llds_penalty``, before ``llds_coeff``) with the model's turns as actions
+        (``turn_index``; runs of generated tokens where the batch has none), or each response as one
+        action (``llds_gate="response"``); under ``loss_aggregation`` like the surrogate."""
+        cfg = self.config
+        generated = batch["loss_mask"] > 0
+        if cfg.llds_gate == "response":
+            actions = generated.long()
+        elif "turn_index" in batch:
+            actions = batch["turn_index"].long() * generated
+        else:
+            actions = contiguous_actions(generated)
+        normaliser = cfg.response_token_budget() if cfg.loss_aggregation == "constant" else None
+        old, advantages = batch["old_logprobs"], batch["advantages"]
+        return llds_penalty(logprobs, old, advantages, mask, actions, cfg.loss_aggregation, normaliser)
 
     def policy_loss(
         self, logprobs: torch.Tensor, batch: dict[str, Any], mask: torch.Tensor
