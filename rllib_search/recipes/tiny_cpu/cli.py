@@ -78,7 +78,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="a Hugging Face model directory to start GRPO from (a run's warm_start_model): no SFT, no "
         "evaluation before training",
     )
-    p.add_argument("--rl-iterations", type=int, default=DEFAULTS.rl_iterations)
+    p.add_argument(
+        "--rl-iterations",
+        type=int,
+        default=DEFAULTS.rl_iterations,
+        help="GRPO iterations; 0: the warm start alone (SFT, calibration, evaluation, warm_start_model)",
+    )
     p.add_argument("--group-size", type=int, default=DEFAULTS.group_size)
     p.add_argument("--rl-lr", type=float, default=DEFAULTS.rl_lr)
     p.add_argument("--kl-coeff", type=float, default=DEFAULTS.kl_coeff)
@@ -87,6 +92,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=DEFAULTS.rl_guidance,
         help="in each GRPO group with no right answer, re-run its last episode with the teacher's first turn",
+    )
+    p.add_argument(
+        "--placebo-rewards",
+        action="store_true",
+        help="a control, not a recipe: after guidance, each sample's rewards are permuted among its "
+        "episodes (seeded), so GRPO learns from rewards unrelated to the answers",
     )
     p.add_argument(
         "--rl-validate-at",

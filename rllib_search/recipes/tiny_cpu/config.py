@@ -56,6 +56,7 @@ class TinyCPUConfig:
     rl_trained_turns: int = 1  # the loss credits each episode's first turn: the plan and the first query
     execution_temperature: float = 0.0  # the uncredited turns run greedily, as evaluation runs them
     rl_guidance: bool = True  # teacher guidance of groups with no right answer
+    placebo_rewards: bool = False  # a control: each sample's rewards permuted among its episodes
     # Validations: after these iterations (and the last) RL keeps the best weights, then reads
     # the WiSE-FT mixes of the warm start and the kept weights at these fractions.
     rl_validate_at: tuple[int, ...] = (4, 6)
@@ -80,6 +81,14 @@ class TinyCPUConfig:
         if any(not 0 < a < 1 for a in self.rl_interpolate):
             raise ValueError(
                 f"each rl_interpolate fraction lies strictly in (0, 1), got {self.rl_interpolate}"
+            )
+        if self.rl_iterations < 0:
+            raise ValueError(
+                f"rl_iterations must be at least 0 (0: the warm start alone), got {self.rl_iterations}"
+            )
+        if self.rl_iterations == 0 and self.warm_start:
+            raise ValueError(
+                "rl_iterations 0 runs the warm start alone: it takes no warm_start to start from"
             )
         if any(i < 1 for i in self.rl_validate_at):
             raise ValueError(f"rl_validate_at counts iterations from 1, got {self.rl_validate_at}")

@@ -158,6 +158,14 @@ def start_services(config: TinyCPUConfig, world: World, say: Progress) -> None:
     say("retriever: BM25 over the world's passages, served by Ray Serve")
 
 
+def stop_services(world: World) -> None:
+    """The retriever's Serve app, where the job started it."""
+    from rllib_search.recipes import embedded
+
+    if world.started_retriever:
+        embedded.stop_apps([world.retriever_spec["app"]])
+
+
 # --- evaluation -----------------------------------------------------------------------------------------
 def base_config(config: TinyCPUConfig, world: World, cls: type, model: str, dataset: list) -> Any:
     """What every stage's RLlib config shares: env, model, rollout budgets, precision, seed, metrics."""
@@ -380,7 +388,7 @@ class RLResult:
     history: list[dict[str, Any]]
     validation: dict[str, Any]
     questions: dict[str, Any]
-    checkpoint: str
+    checkpoint: str | None
 
 
 def train_rl(
@@ -390,8 +398,8 @@ def train_rl(
     best weights and a WiSE-FT check; evaluated after."""
     from rllib_search.algos import SearchGRPOConfig
     from rllib_search.algos.evaluation.scores import per_question_metrics
-    from rllib_search.recipes import embedded
     from rllib_search.recipes.tiny_cpu.guidance import TeacherGuidance
+    from rllib_search.recipes.tiny_cpu.placebo import PlaceboRewards
     from rllib_search.recipes.tiny_cpu.weight_interpolation import WeightStore, interpolate_weights
 
     questions = world.undemonstrated[2][: config.rl_two_hop] + world.undemonstrated[1][: config.rl_one_hop]
@@ -400,6 +408,7 @@ def train_rl(
         guidance = TeacherGuidance(
             turns=config.rl_trained_turns, teacher={**config.teacher, "seed": config.seed}
         )
+    group_hook = PlaceboRewards(config.seed, guidance) if config.placebo_rewards else guidance
     grpo = (
         base_config(config, world, SearchGRPOConfig, str(warm.directory), questions)
         .rollouts(
@@ -407,7 +416,7 @@ def train_rl(
             prompts_per_sample=config.prompts,
             balance_by="num_hops",  # each iteration draws its questions round-robin over hop counts
             execution_temperature=config.execution_temperature,
-            group_hook=guidance,
+            group_hook=group_hook,
         )
         .training(
             lr=config.rl_lr,
@@ -455,6 +464,8 @@ def train_rl(
         if guidance is not None:
             row["guided_groups"] = int(runners["guided_groups"])
             row["guided_solved"] = int(runners["guided_solved"])
+        if config.placebo_rewards:
+            row["placebo_moved_rewards"] = int(runners["placebo_moved_rewards"])
         history.append(row)
         say(
             f"grpo iter {iteration:2d}/{config.rl_iterations}  reward {row['reward']:.3f}  "
@@ -506,8 +517,7 @@ def train_rl(
     evaluate(grpo, "after RL")
     checkpoint = grpo.save_to_path(str((Path(config.out) / "checkpoint").resolve()))
     grpo.stop()
-    if world.started_retriever:
-        embedded.stop_apps([world.retriever_spec["app"]])
+    stop_services(world)
     return RLResult(
         history=history,
         validation={
@@ -532,13 +542,13 @@ def report(
     world: World,
     machine: dict[str, Any],
     warm: WarmStart,
-    rl: RLResult,
+    rl: RLResult | None,
     table: list[dict[str, Any]],
     say: Progress,
     memory: dict[str, Any],
 ) -> dict[str, Any]:
     """The table with RL's paired gain over the warm start; summary.json (with the job's peak memory),
-    predictions.jsonl, training.png."""
+    predictions.jsonl, training.png. ``rl`` None: the warm start alone (no gain, no GRPO history)."""
     from rllib_search.algos.evaluation.scores import Estimate, paired_gain
     from rllib_search.llm.models import cpu_times, matmul_gflops, steal_share
 
@@ -554,8 +564,12 @@ def report(
             else ""
         )
     )
-    gain = paired_gain(flat(table[-2]), flat(table[-1]), world.golds, world.groups, seed=config.seed)
-    rl_gain = {f"{hops}hop": gain.groups[str(hops)]["em"] for hops in world.held_out}
+    if rl is None:
+        rl = RLResult(history=[], validation={}, questions={}, checkpoint=None)
+        gain, rl_gain = None, {f"{hops}hop": None for hops in world.held_out}
+    else:
+        gain = paired_gain(flat(table[-2]), flat(table[-1]), world.golds, world.groups, seed=config.seed)
+        rl_gain = {f"{hops}hop": gain.groups[str(hops)]["em"] for hops in world.held_out}
     print("\nheld-out evaluation (greedy; EM [95% bootstrap interval])")
     print(f"{'stage':>18} | {'EM 1-hop':>21} | {'EM 2-hop':>21} | {'searches 1/2-hop':>16}")
     for row in table:
@@ -564,18 +578,19 @@ def report(
             f"{row['stage']:>18} | {ems[0]:>21} | {ems[1]:>21} | "
             f"{row['searches_1hop']:7.2f} / {row['searches_2hop']:.2f}"
         )
-    print(f"{'RL gain (paired)':>18} | {rl_gain['1hop'].format():>21} | {rl_gain['2hop'].format():>21} |")
+    if gain is not None:
+        print(f"{'RL gain (paired)':>18} | {rl_gain['1hop'].format():>21} | {rl_gain['2hop'].format():>21} |")
     hop_keys = [f"{h}hop" for h in world.held_out]
     summary = {
         "evaluation": [{k: v for k, v in row.items() if k != "answers"} for row in table],
         "held_out_questions_per_hop": {str(h): len(world.held_out[h]) for h in world.held_out},
         "em": {row["stage"]: {k: row[f"em_{k}"] for k in hop_keys} for row in table},
         "searches_per_episode": {row["stage"]: {k: row[f"searches_{k}"] for k in hop_keys} for row in table},
-        "rl_gain_2hop": rl_gain["2hop"].value,
-        "rl_gain_2hop_interval": [rl_gain["2hop"].low, rl_gain["2hop"].high],
-        "rl_gain_1hop": rl_gain["1hop"].value,
-        "rl_gain_1hop_interval": [rl_gain["1hop"].low, rl_gain["1hop"].high],
-        "rl_gain": gain.to_dict(),
+        "rl_gain_2hop": rl_gain["2hop"] and rl_gain["2hop"].value,
+        "rl_gain_2hop_interval": rl_gain["2hop"] and [rl_gain["2hop"].low, rl_gain["2hop"].high],
+        "rl_gain_1hop": rl_gain["1hop"] and rl_gain["1hop"].value,
+        "rl_gain_1hop_interval": rl_gain["1hop"] and [rl_gain["1hop"].low, rl_gain["1hop"].high],
+        "rl_gain": gain and gain.to_dict(),
         "rl_questions": rl.questions,
         "demonstrated_turns_over_budget": warm.turns_over_budget,
         "fork_calibration": warm.calibration,
@@ -595,7 +610,8 @@ def report(
                     handle.write(json.dumps({**line, "golds": record.golden_answers}) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(table, rl.history, out / "training.png")
-    say(f"checkpoint {rl.checkpoint}; wrote {out / 'summary.json'} and {out / 'training.png'}")
+    saved = f"checkpoint {rl.checkpoint}; " if rl.checkpoint else f"warm start {warm.directory}; "
+    say(f"{saved}wrote {out / 'summary.json'} and {out / 'training.png'}")
     return summary
 
 
@@ -653,8 +669,13 @@ def run(config: TinyCPUConfig, precision_measured: bool = False) -> dict[str, An
         evaluate = HeldOutEvaluation(config, world, progress)
         memory.stage("warm start")
         warm = warm_start(config, world, evaluate, progress)
-        memory.stage("rl")
-        rl = train_rl(config, world, warm, evaluate, progress)
+        rl = None
+        if config.rl_iterations:
+            memory.stage("rl")
+            rl = train_rl(config, world, warm, evaluate, progress)
+        else:
+            progress("no RL (--rl-iterations 0): the warm start alone")
+            stop_services(world)
         memory.stage("report")
         peak = memory.summary()
         progress(describe_memory(peak))
