@@ -264,3 +264,11 @@ def test_the_soaks_policy_searches_in_every_episode(tmp_path, world, world_retri
     assert len(answered) >= 14
     texts = ["".join(runner.tokenizer.decode(r.token_ids[a:b]) for a, b in r.turn_spans) for r in answered]
     assert all("<original_evidence>" in text for text in texts)
+
+
+def test_every_committed_result_records_its_commit_and_machine():
+    """A figure without the code and the machine that gave it cannot be reproduced or compared."""
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        result = json.loads(path.read_text())
+        assert result.get("commit"), f"{path.name} records no commit"
+        assert set(result.get("machine") or {}) >= MACHINE_KEYS, f"{path.name} records no machine"
