@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -259,3 +260,147 @@ def test_host_memory_counts_what_colocation_and_fsdp2_keep_off_the_gpus():
     config.rollouts(engine_options={"sleep_level": 2})
     level2 = make_plan(config, gpus=8, gpu_memory_gib=80, services=DEFAULT_SERVICES, host_memory_gib=256)
     assert "sleeping engines' weights" not in level2.host.items and level2.fits
+
+
+def colocated_hf_config(model_dir: Path) -> Any:
+    """One learner and one HF-engine EnvRunner sharing a GPU: the learner-only colocated path."""
+    from rllib_search.algos import SearchGRPOConfig
+
+    return (
+        SearchGRPOConfig()
+        .rl_module(model_config={"model": str(model_dir)})
+        .learners(num_learners=1, num_gpus_per_learner=0.5)
+        .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5)
+        .rollouts(engine="hf", colocate=True, engine_dtype="bfloat16", prompts_per_sample=2, group_size=3)
+        .environment(env_config={"max_total_tokens": 40})
+    )
+
+
+def test_plan_counts_the_hf_engine_beside_its_colocated_learner_as_real_tensors(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    config = colocated_hf_config(tiny_llama)
+    plan = make_plan(config, gpus=1, gpu_memory_gib=80)
+    assert plan.fits, str(plan)
+    engine = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16)
+    assert plan.hf_engine.items["weights"] == sum(p.nbytes for p in engine.parameters())
+    ids = torch.randint(0, engine.config.vocab_size, (2 * 3, 40))  # every episode at its longest
+    with torch.no_grad():
+        cache = engine(input_ids=ids, use_cache=True).past_key_values
+    kv = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    assert plan.hf_engine.items["kv cache"] == kv
+    (pair,) = plan.gpu_kinds
+    assert pair.name == "learner + HF EnvRunner (colocated)"
+    weights = plan.hf_engine.items["weights"] + plan.hf_engine.items["cuda context"]
+    assert pair.phases["update"] == plan.learner.total + weights  # the HF engine never sleeps
+    assert pair.phases["rollout"] == plan.hf_engine.total + 1024**3  # beside the offloaded learner
+
+
+def test_plan_keeps_ddp_buckets_on_the_gpu_of_an_offloaded_learner():
+    config = PAPER_CONFIGS["search_r1_grpo"](None)
+    config.sharding = None
+    plan = make_plan(config, gpus=8, gpu_memory_gib=160)
+    (pair,) = plan.gpu_kinds
+    buckets = plan.learner.items["ddp buckets"]
+    assert pair.phases["rollout"] == plan.engine.budget + 1024**3 + buckets
+
+
+def gpu_retriever_services(path: Path, index: Path) -> Path:
+    path.write_text(
+        textwrap.dedent(f"""
+        applications:
+          - name: retriever
+            import_path: rllib_search.serve.retrieval.deployment:build_retriever_app
+            args:
+              index_dir: {index}
+              num_replicas: 1
+              ray_actor_options: {{num_gpus: 1}}
+        """)
+    )
+    return path
+
+
+def test_plan_counts_a_gpu_retriever_index_from_its_manifest(tmp_path, index_dir):
+    import faiss
+    from transformers import AutoModel
+
+    from rllib_search.serve.retrieval.encoders import resolve_model_path
+
+    config = PAPER_CONFIGS["search_r1_grpo"](None)
+    services = gpu_retriever_services(tmp_path / "serve.yaml", index_dir)
+    plan = make_plan(config, gpus=8, gpu_memory_gib=80, services=services)
+    assert plan.fits, str(plan)
+    ((app, terms),) = plan.retrievers
+    assert app.index_dir == str(index_dir)
+    index = faiss.read_index(str(index_dir / "index.faiss"))
+    assert terms.items["index (fp16)"] == index.ntotal * index.d * 2  # the float32 vectors, in fp16
+    encoder = AutoModel.from_pretrained(resolve_model_path("all-minilm-l6-v2"))
+    assert terms.items["query encoder (fp16)"] == sum(p.numel() for p in encoder.parameters()) * 2
+    assert terms.items["faiss temporary memory"] == 1.5 * 1024**3
+    assert any(kind.name == "retriever replica" for kind in plan.gpu_kinds)
+
+
+def test_plan_refuses_an_index_larger_than_the_replica_gpus(tmp_path, index_dir):
+    import json
+    import shutil
+
+    big = tmp_path / "wiki"
+    shutil.copytree(index_dir, big)
+    manifest = json.loads((big / "manifest.json").read_text())
+    manifest.update(count=21_015_324, dim=768)  # Search-R1's wiki-18 with E5-base
+    (big / "manifest.json").write_text(json.dumps(manifest))
+    services = gpu_retriever_services(tmp_path / "serve.yaml", big)
+    plan = make_plan(PAPER_CONFIGS["search_r1_grpo"](None), gpus=8, gpu_memory_gib=24, services=services)
+    reason = next(reason for reason in plan.reasons if reason.startswith("retriever replica GPU"))
+    assert "30.06 GiB" in str(plan) and "give each retriever replica more GPUs" in reason
+    missing = make_plan(
+        PAPER_CONFIGS["search_r1_grpo"](None),
+        gpus=8,
+        gpu_memory_gib=80,
+        services=gpu_retriever_services(tmp_path / "other.yaml", tmp_path / "nowhere"),
+    )
+    assert missing.fits and any("index's GPU memory is not counted" in note for note in missing.notes)
+
+
+TUNE_PLAN_SCRIPT = """
+import os
+import ray
+from ray import tune
+from rllib_search.algos import SearchGRPO
+from rllib_search.algos.plan import PlanError, check_trials
+from rllib_search.recipes import search_r1_grpo
+from rllib_search.recipes.sweeps import fit_or_restore
+
+os.environ["RLLIB_SEARCH_GPU_MEMORY_GIB"] = "80"
+ray.init(address="local", num_cpus=2, num_gpus={gpus}, include_dashboard=False, log_to_driver=False)
+config = search_r1_grpo(dataset=None)
+config.env_config["reward_config"] = tune.grid_search([{{"format_weight": 0.0}}, {{"format_weight": 0.2}}])
+try:
+    print("PLANS", len(check_trials(SearchGRPO, config)))
+    fit_or_restore(SearchGRPO, config, storage={storage!r}, name="refused", iterations=1)
+except PlanError as error:
+    print(error)
+    print("FREE", ray.available_resources().get("GPU"))
+"""
+
+
+def run_tune_plan(gpus: int, storage: Path) -> str:
+    script = textwrap.dedent(TUNE_PLAN_SCRIPT.format(gpus=gpus, storage=str(storage)))
+    if gpus >= 4:  # planned only: fitting would start the trials
+        script = script.replace("    fit_or_restore(", "    0 and fit_or_restore(")
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=OFFLINE, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_tune_plans_every_trial_of_the_grid(tmp_path):
+    assert "PLANS 2" in run_tune_plan(8, tmp_path)
+
+
+def test_tune_refuses_a_trial_the_cluster_cannot_place_before_it_starts(tmp_path):
+    out = run_tune_plan(2, tmp_path)
+    assert "a trial of this Tune experiment does not fit" in out
+    assert "trial env_config/reward_config=" in out and "the cluster has 2" in out
+    assert "FREE 2.0" in out and not (tmp_path / "refused").exists()

@@ -45,7 +45,9 @@ def fit_or_restore(
 ) -> Any:
     """Fit (or resume) the Tune experiment ``storage/name`` of ``trainable`` over ``param_space`` (an
     AlgorithmConfig with ``tune.grid_search`` values), each trial stopping after ``iterations`` and
-    checkpointing every iteration; returns the ResultGrid. Raises when a trial failed.
+    checkpointing every iteration; returns the ResultGrid. Raises when a trial failed, and before any
+    trial starts when a GPU trial cannot be placed on the cluster or does not fit its GPUs
+    (``algos/plan.check_trials``).
 
     ``metric`` and ``mode`` go to the ``TuneConfig`` (``ResultGrid.get_best_result()`` ranks trials by
     them; every result a trial reports must carry ``metric``). With a ``spec`` (JSON-able), a new
@@ -58,6 +60,9 @@ def fit_or_restore(
     flight only (about 1.6 GB each for SmolLM2-135M with its optimizer state)."""
     from ray import tune
 
+    from rllib_search.algos.plan import check_trials
+
+    check_trials(trainable, param_space)  # a GPU trial that cannot be placed or fit is refused before Tune
     storage = Path(storage).resolve()
     experiment = storage / name
     if experiment.exists() and not fresh and tune.Tuner.can_restore(str(experiment)):

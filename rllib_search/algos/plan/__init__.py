@@ -8,7 +8,12 @@ of both, the Serve applications' replicas) against the cluster's GPUs, and each 
 
 A colocated GPU (``rollouts(colocate=True)``) holds a learner and a vLLM engine at different times: its
 peak is the larger of the rollout phase (the engine awake, the learner's state offloaded to CPU) and the
-update phase (the learner training, the engine asleep).
+update phase (the learner training, the engine asleep). A transformers engine (``engine="hf"``) never
+sleeps: its weights count in both phases. A retriever replica with GPUs holds its index, faiss's temporary
+memory and the query encoder (read from the index's manifest when the plan can read it).
+
+:func:`check_trials` is the same check for a Ray Tune experiment (``recipes/sweeps.fit_or_restore``), where
+no ``build_algo`` runs: every trial the param space's grid makes is planned before the Tuner starts.
 
 :func:`check_config` is what ``SearchConfig.build_algo`` calls for a GPU config (GPU learners or vLLM
 rollouts): the plan against the running Ray cluster's free GPUs (Serve applications already deployed hold
@@ -26,16 +31,22 @@ from rllib_search.algos.plan.memory import (
     GIB,
     EngineMemory,
     EngineSetup,
+    IndexSetup,
     LearnerSetup,
     Terms,
     engine_setup,
     engine_terms,
+    hf_engine_setup,
+    hf_engine_terms,
     host_terms,
     learner_offloaded_bytes,
     learner_setup,
     learner_terms,
+    retriever_terms,
 )
 from rllib_search.algos.plan.resources import (
+    COLOCATED,
+    COLOCATED_HF_PAIR,
     COLOCATED_PAIR,
     Role,
     ServiceApp,
@@ -45,13 +56,13 @@ from rllib_search.algos.plan.resources import (
     read_services,
     training_roles,
 )
-from rllib_search.algos.plan.shapes import ModelShape, model_shape
+from rllib_search.algos.plan.shapes import ModelShape, encoder_parameters, model_shape
 
 #: How long ``check_config`` waits for GPUs the cluster has but holds (a run stopped just before frees its
 #: placement group asynchronously) before it refuses.
 FREE_GPUS_WAIT_S = 10.0
 
-__all__ = ["ModelShape", "Plan", "PlanError", "check_config", "make_plan", "model_shape"]
+__all__ = ["ModelShape", "Plan", "PlanError", "check_config", "check_trials", "make_plan", "model_shape"]
 
 
 class PlanError(ValueError):
@@ -83,6 +94,8 @@ class Plan:
     learner: Terms | None = None
     learner_note: str = ""
     engine: EngineMemory | None = None
+    hf_engine: Terms | None = None
+    retrievers: list[tuple[ServiceApp, Terms]] = field(default_factory=list)
     judges: list[tuple[ServiceApp, EngineMemory]] = field(default_factory=list)
     gpu_kinds: list[GpuMemory] = field(default_factory=list)
     host: Terms | None = None
@@ -108,11 +121,15 @@ class Plan:
             lines.append(f"  {name:44s} {role.count:5d} {role.gpus_each:8g} {role.gpus:6g}")
         if self.learner is not None:
             lines.append(f"learner per GPU: {self.learner_note}")
-            for name, value in self.learner.items.items():
-                lines.append(f"  {name:44s} {value / GIB:9.2f} GiB")
-            lines.append(f"  {'total':44s} {self.learner.total / GIB:9.2f} GiB")
+            lines.extend(_term_lines(self.learner))
         if self.engine is not None:
             lines.append(f"vLLM EnvRunner engine:\n  {_engine_line(self.engine)}")
+        if self.hf_engine is not None:
+            lines.append("HF EnvRunner engine (never sleeps):")
+            lines.extend(_term_lines(self.hf_engine))
+        for app, index in self.retrievers:
+            lines.append(f"{app.name} replica, index {app.index_dir}, first GPU:")
+            lines.extend(_term_lines(index))
         for app, judge in self.judges:
             lines.append(f"{app.name} replica, {app.model} on vLLM:\n  {_engine_line(judge)}")
         if self.gpu_kinds:
@@ -133,6 +150,11 @@ class Plan:
             lines.append("fits: NO")
             lines.extend(f"  - {reason}" for reason in self.reasons)
         return "\n".join(lines)
+
+
+def _term_lines(terms: Terms) -> list[str]:
+    lines = [f"  {name:44s} {value / GIB:9.2f} GiB" for name, value in terms.items.items()]
+    return [*lines, f"  {'total':44s} {terms.total / GIB:9.2f} GiB"]
 
 
 def _engine_line(engine: EngineMemory) -> str:
@@ -193,7 +215,9 @@ def make_plan(
     if learner is not None:
         plan.learner, plan.learner_note = learner_terms(learner), describe_learner(learner)
     engine = engine_setup(config, shape) if config.engine == "vllm" else None
-    colocated = any(role.name == COLOCATED_PAIR for role in roles)
+    if config.engine != "vllm" and float(config.num_gpus_per_env_runner or 0) > 0:
+        plan.hf_engine = hf_engine_terms(hf_engine_setup(config, shape))
+    colocated = any(role.name in COLOCATED for role in roles)
     plan.host = host_terms(learner, engine, int(config.num_env_runners or 0), colocated)
     plan.host_memory_gib = host_memory_gib
     if host_memory_gib and plan.host.total > host_memory_gib * GIB:
@@ -210,6 +234,7 @@ def make_plan(
     if engine is not None:
         plan.engine = engine_terms(engine, gpu_bytes)
         _check_engine("vLLM EnvRunner engine", engine, plan.engine, plan.reasons)
+    _retrievers(apps, plan)
     _gpu_kinds(config, plan, gpu_bytes)
     for app in apps:
         if app.kind == "judge" and app.engine == "vllm" and app.model and app.gpus_per_replica:
@@ -232,6 +257,11 @@ def _fewer_gpus_advice(config: Any) -> str:
 def _less_memory_advice(config: Any, phase: str) -> str:
     if phase == "rollout":
         return "lower engine_options gpu_memory_utilization, or use GPUs with more memory"
+    if phase == "serve":
+        return (
+            "give each retriever replica more GPUs (ray_actor_options num_gpus: the index is sharded over "
+            "them), build an IVF-PQ index, or use GPUs with more memory"
+        )
     model = dict(config.model_config or {})
     advice = []
     if getattr(config, "sharding", None) != "fsdp2":
@@ -256,12 +286,52 @@ def _check_engine(what: str, setup: EngineSetup, engine: EngineMemory, reasons: 
         )
 
 
+def _retrievers(apps: list[ServiceApp], plan: Plan) -> None:
+    """Each GPU retriever application's first GPU: its index (from the manifest), faiss and the encoder."""
+    from rllib_search.serve.retrieval.manifest import read_manifest
+
+    for app in apps:
+        if app.kind != "retriever" or not app.gpus_per_replica:
+            continue
+        try:
+            manifest = read_manifest(Path(str(app.index_dir)))
+        except (OSError, ValueError, TypeError) as error:
+            plan.notes.append(f"{app.name}: its index's GPU memory is not counted ({error})")
+            continue
+        encoder = dict(manifest.get("encoder") or {}).get("name_or_path")
+        index = IndexSetup(
+            kind=str(manifest["kind"]),
+            count=int(manifest["count"]),
+            dim=int(manifest.get("dim") or 0),
+            options=dict(manifest.get("options") or {}),
+            gpus=max(1, int(app.gpus_per_replica)),
+            encoder_parameters=encoder_parameters(str(encoder)) if encoder else None,
+        )
+        terms = retriever_terms(index)
+        plan.retrievers.append((app, terms))
+        plan.gpu_kinds.append(GpuMemory(f"{app.name} replica", {"serve": terms.total}))
+
+
 def _gpu_kinds(config: Any, plan: Plan, gpu_bytes: float) -> None:
-    """Each kind of training GPU's peak by phase, checked against ``gpu_bytes``."""
-    learner, engine = plan.learner, plan.engine
-    colocated = any(role.name == COLOCATED_PAIR for role in plan.roles)
-    if colocated and learner is not None and engine is not None:
-        offloaded = learner_offloaded_bytes()
+    """Each kind of GPU's peak by phase (training pairs, learners, EnvRunners, retriever replicas), checked
+    against ``gpu_bytes``."""
+    learner, engine, hf = plan.learner, plan.engine, plan.hf_engine
+    offloaded = learner_offloaded_bytes(learner)
+    if any(role.name == COLOCATED_HF_PAIR for role in plan.roles) and learner is not None and hf is not None:
+        weights = hf.items["weights"] + hf.items["cuda context"]
+        plan.gpu_kinds.append(
+            GpuMemory(
+                COLOCATED_HF_PAIR,
+                {"rollout": hf.total + offloaded, "update": learner.total + weights},
+                {
+                    "rollout": f"engine {hf.total / GIB:.2f} + learner offloaded {offloaded / GIB:.2f}",
+                    "update": f"learner {learner.total / GIB:.2f} + engine weights {weights / GIB:.2f}",
+                },
+            )
+        )
+    elif (
+        any(role.name == COLOCATED_PAIR for role in plan.roles) and learner is not None and engine is not None
+    ):
         kind = GpuMemory(
             COLOCATED_PAIR,
             {"rollout": engine.budget + offloaded, "update": learner.total + engine.asleep},
@@ -277,6 +347,8 @@ def _gpu_kinds(config: Any, plan: Plan, gpu_bytes: float) -> None:
             plan.gpu_kinds.append(GpuMemory("learner", {"update": learner.total}))
         if engine is not None:
             plan.gpu_kinds.append(GpuMemory("vLLM EnvRunner", {"rollout": engine.budget}))
+        if hf is not None:
+            plan.gpu_kinds.append(GpuMemory("HF EnvRunner", {"rollout": hf.total}))
     for kind in plan.gpu_kinds:
         if kind.peak > gpu_bytes:
             phase = max(kind.phases, key=kind.phases.get)
@@ -316,3 +388,40 @@ def check_config(config: Any) -> Plan | None:
     if not plan.fits:
         raise PlanError("this run does not fit the Ray cluster:\n" + str(plan))
     return plan
+
+
+#: The config keys that make a trial a GPU trial (``asks_gpus``).
+GPU_KEYS = ("num_gpus_per_learner", "num_gpus_per_env_runner", "engine")
+
+
+def check_trials(trainable: Any, param_space: Any) -> list[Plan]:
+    """Refuse (:class:`PlanError`) a Tune experiment of ``trainable`` (an RLlib Algorithm class) over
+    ``param_space`` (an AlgorithmConfig, maybe with ``tune.grid_search`` values) when one of its trials is a
+    GPU config that the running Ray cluster cannot place or whose GPUs it does not fit; returns the GPU
+    trials' plans (none for CPU sweeps). Each trial is planned on its own against the cluster's free GPUs:
+    Tune runs as many at once as fit and queues the rest."""
+    if not hasattr(param_space, "to_dict") or not hasattr(trainable, "get_default_config"):
+        return []
+    spec = param_space.to_dict()
+    if not any(isinstance(spec.get(key), dict) for key in GPU_KEYS) and not asks_gpus(param_space):
+        return []
+    import ray
+    from ray.tune.search.variant_generator import generate_variants
+
+    if not ray.is_initialized():
+        ray.init()
+    cluster = cluster_gpus()
+    plans = []
+    for resolved, variant in generate_variants(spec):
+        config = trainable.get_default_config().update_from_dict(variant)
+        if not asks_gpus(config):
+            continue
+        label = ", ".join(f"{'/'.join(map(str, path))}={value}" for path, value in resolved.items())
+        plan = make_plan(
+            config, gpus=cluster.free_gpus, gpu_memory_gib=cluster.gpu_memory_gib, name=f"trial {label}"
+        )
+        plan.notes.append(f"GPU memory: {cluster.memory_source}")
+        if not plan.fits:
+            raise PlanError(f"a trial of this Tune experiment does not fit the Ray cluster:\n{plan}")
+        plans.append(plan)
+    return plans

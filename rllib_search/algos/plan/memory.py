@@ -50,6 +50,19 @@ KV cache holds ``2 · layers · kv_heads · head_dim · 2`` bytes a token. Aslee
 levels) it keeps neither weights nor KV cache on the GPU, only its process overhead; level 1 holds its
 weights in CPU memory meanwhile.
 
+An EnvRunner's transformers engine on a GPU (:func:`hf_engine_terms`; ``rollouts(engine="hf")``, the
+learner-only path) holds the runner's copy of the policy in its dtype (``engine_dtype``, bf16 on a GPU) for
+the whole run (it never sleeps) and the KV caches of the episodes it rolls out at once
+(``prompts_per_sample x group_size``: the prefix-caching engine keeps each episode's cache between turns),
+each up to the env's ``max_total_tokens``.
+
+A retriever replica's GPUs (:func:`retriever_terms`) hold its faiss index sharded over them in fp16 (flat:
+``count x dim x 2`` bytes; IVF-PQ: ``pq_m`` code bytes and an 8-byte id a vector, and the coarse quantizer's
+``nlist x dim`` fp16 centroids on every shard; HNSW, BM25 and random indexes stay on the CPU), faiss's
+temporary memory (:data:`FAISS_TEMP_BYTES` a GPU), the query encoder in fp16 on the first GPU, and the
+process overhead. The index's size comes from its ``manifest.json`` when the Serve config's ``index_dir``
+is readable where the plan is made.
+
 Host memory (:func:`host_terms`, over the cluster): a colocated learner's weights, AdamW moments and
 reference wait in host memory while its engine samples; an engine asleep at level 1 keeps its weights
 there; an FSDP2 run gathers the full fp32 state dict on rank 0's host for every weight sync and keeps an
@@ -66,6 +79,10 @@ from rllib_search.algos.plan.shapes import ModelShape
 GIB = 1024**3
 #: Per process on a GPU: the CUDA context, cuBLAS / NCCL workspaces and allocator slack (an allowance).
 PROCESS_OVERHEAD_GIB = 1.0
+#: faiss's temporary memory on each GPU of more than 8 GiB (``StandardGpuResources``' default, 1.5 GiB).
+FAISS_TEMP_BYTES = 1536 * 1024**2
+#: The id faiss keeps beside each vector of an IVF index on a GPU (int64).
+FAISS_ID_BYTES = 8
 
 
 def _engine_defaults() -> tuple[float, int]:
@@ -201,9 +218,12 @@ def learner_terms(setup: LearnerSetup) -> Terms:
     return terms
 
 
-def learner_offloaded_bytes() -> float:
-    """What a colocated learner leaves on the GPU while its state is offloaded to CPU for the rollout."""
-    return PROCESS_OVERHEAD_GIB * GIB
+def learner_offloaded_bytes(learner: Terms | None = None) -> float:
+    """What a colocated learner (its update's ``learner`` terms) leaves on the GPU while its state is
+    offloaded to CPU for the rollout: its process overhead, and DDP's gradient buckets (the reducer's own
+    buffers, which offloading the module does not move)."""
+    buckets = learner.items.get("ddp buckets", 0.0) if learner is not None else 0.0
+    return PROCESS_OVERHEAD_GIB * GIB + buckets
 
 
 def host_terms(
@@ -306,3 +326,65 @@ def engine_setup(config: Any, shape: ModelShape) -> EngineSetup:
         weight_bytes=FP32 if str(dtype) == "float32" else BF16,
         max_model_len=int(options.get("max_model_len") or env.get("max_total_tokens") or 4096),
     )
+
+
+@dataclass(frozen=True)
+class HFEngineSetup:
+    """An EnvRunner's transformers engine on a GPU: the runner's policy copy and the caches it rolls out."""
+
+    shape: ModelShape
+    weight_bytes: int
+    sequences: int  # episodes rolled out at once, each with its own KV cache
+    sequence_tokens: int  # the longest an episode can be (the env's max_total_tokens)
+
+
+def hf_engine_setup(config: Any, shape: ModelShape) -> HFEngineSetup:
+    """The transformers engine's :class:`HFEngineSetup` from a SearchConfig (engine_dtype, rollout sizes)."""
+    env = dict(config.env_config or {})
+    return HFEngineSetup(
+        shape=shape,
+        weight_bytes=FP32 if str(config.engine_dtype or "bfloat16") == "float32" else BF16,
+        sequences=int(config.prompts_per_sample) * int(config.group_size),
+        sequence_tokens=int(env.get("max_total_tokens") or 4096),
+    )
+
+
+def hf_engine_terms(setup: HFEngineSetup) -> Terms:
+    """The transformers engine's bytes on its GPU while it samples (see the module docstring)."""
+    terms = Terms()
+    terms.add("weights", setup.weight_bytes * setup.shape.parameters())
+    kv_per_token = setup.shape.kv_bytes_per_token(setup.weight_bytes)
+    terms.add("kv cache", setup.sequences * setup.sequence_tokens * kv_per_token)
+    terms.add("cuda context", PROCESS_OVERHEAD_GIB * GIB)
+    return terms
+
+
+@dataclass(frozen=True)
+class IndexSetup:
+    """A retriever replica's index as its manifest describes it, and the GPUs it is sharded over."""
+
+    kind: str
+    count: int
+    dim: int
+    options: dict[str, Any] = field(default_factory=dict)
+    gpus: int = 1
+    encoder_parameters: int | None = None  # None: unknown (not counted)
+
+
+def retriever_terms(setup: IndexSetup) -> Terms:
+    """One retriever replica's bytes on its first GPU, the one with the query encoder (module docstring)."""
+    terms = Terms()
+    shards = max(1, setup.gpus)
+    if setup.kind == "flat":
+        terms.add("index (fp16)", BF16 * setup.count * setup.dim / shards)
+    elif setup.kind == "ivfpq":
+        pq_m = int(setup.options.get("pq_m") or 0)
+        nlist = int(setup.options.get("nlist") or 0)
+        terms.add("index (codes and ids)", (pq_m + FAISS_ID_BYTES) * setup.count / shards)
+        terms.add("coarse quantizer (fp16)", BF16 * nlist * setup.dim)
+    if terms.items:
+        terms.add("faiss temporary memory", FAISS_TEMP_BYTES)
+    if setup.encoder_parameters:
+        terms.add("query encoder (fp16)", BF16 * setup.encoder_parameters)
+    terms.add("cuda context", PROCESS_OVERHEAD_GIB * GIB)
+    return terms

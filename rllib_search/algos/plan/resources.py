@@ -25,6 +25,8 @@ from typing import Any
 
 GPU_MEMORY_ENV = "RLLIB_SEARCH_GPU_MEMORY_GIB"
 COLOCATED_PAIR = "learner + vLLM EnvRunner (colocated)"
+COLOCATED_HF_PAIR = "learner + HF EnvRunner (colocated)"
+COLOCATED = (COLOCATED_PAIR, COLOCATED_HF_PAIR)
 #: Total memory of one GPU, in GiB, by Ray's accelerator type (the total ``nvidia-smi`` reports, in MiB).
 GPU_MEMORY_GIB = {
     "H100": 81559 / 1024,
@@ -69,6 +71,7 @@ class ServiceApp:
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     source: str = ""
+    index_dir: str | None = None  # a retriever's index directory (its manifest sizes the index)
 
     def role(self) -> Role:
         return Role(f"{self.name} replica", self.max_replicas, self.gpus_per_replica, self.source)
@@ -84,7 +87,7 @@ def training_roles(config: Any) -> list[Role]:
     vllm = config.engine == "vllm"
     roles = []
     if config.colocate and learners and learners == runners:
-        roles.append(Role(COLOCATED_PAIR, learners, per_learner + per_runner))
+        roles.append(Role(COLOCATED_PAIR if vllm else COLOCATED_HF_PAIR, learners, per_learner + per_runner))
         return roles
     if learners:
         roles.append(Role("learner", learners, per_learner))
@@ -98,8 +101,9 @@ def training_roles(config: Any) -> list[Role]:
 
 
 def asks_gpus(config: Any) -> bool:
-    """Whether a config is a GPU config: GPU learners or vLLM rollouts."""
-    return float(config.num_gpus_per_learner or 0) > 0 or config.engine == "vllm"
+    """Whether a config is a GPU config: GPU learners or EnvRunners, or vLLM rollouts."""
+    gpus = float(config.num_gpus_per_learner or 0) + float(config.num_gpus_per_env_runner or 0)
+    return gpus > 0 or config.engine == "vllm"
 
 
 def read_services(path: str | Path) -> list[ServiceApp]:
@@ -160,6 +164,7 @@ def _service_apps(app: dict[str, Any], source: str) -> list[ServiceApp]:
             gpu_memory_utilization=engine_options.get("gpu_memory_utilization"),
             max_model_len=engine_options.get("max_model_len"),
             source=source,
+            index_dir=args.get("index_dir") if kind == "retriever" else None,
         )
     ]
 

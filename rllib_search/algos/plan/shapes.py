@@ -11,6 +11,9 @@ Where a shape comes from, first match wins:
 Anything else is refused with a message that says how to plan for it (a local directory holding its
 ``config.json``).
 
+A retriever's query encoder (:func:`encoder_parameters`) is counted by building it on PyTorch's meta device
+from its local ``config.json`` (no memory, no weights), or read from :data:`PUBLISHED_ENCODERS`.
+
 Parameter counts are computed from the shape (:meth:`ModelShape.parameters`), for the decoder families the
 package trains and serves: Llama-style (Llama, Mistral, SmolLM2; ``attention_bias`` and ``mlp_bias`` as the
 config says), Qwen2 (biases on the q, k and v projections) and Gemma 3 (four norms a block, q and k norms).
@@ -172,3 +175,27 @@ def _local_shape(name: str, where: str) -> ModelShape:
     from transformers import AutoConfig
 
     return ModelShape.from_config(name, AutoConfig.from_pretrained(where, local_files_only=True))
+
+
+#: Parameters of the papers' retriever encoders (``transformers.AutoModel`` with its pooler, as the
+#: retriever loads them), for plans made where the encoder is not on disk.
+PUBLISHED_ENCODERS = {"intfloat/e5-base-v2": 109_482_240}
+
+
+def encoder_parameters(name_or_path: str) -> int | None:
+    """Parameters of a retriever's query encoder (a bundled alias, a local directory, a published encoder or
+    a hub name in the local cache); None when none of them knows it."""
+    if name_or_path in PUBLISHED_ENCODERS:
+        return PUBLISHED_ENCODERS[name_or_path]
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from rllib_search.serve.retrieval.encoders import resolve_model_path
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(name_or_path), local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return sum(parameter.numel() for parameter in model.parameters())
