@@ -372,35 +372,31 @@ from rllib_search.recipes import search_r1_grpo
 from rllib_search.recipes.sweeps import fit_or_restore
 
 os.environ["RLLIB_SEARCH_GPU_MEMORY_GIB"] = "80"
-ray.init(address="local", num_cpus=2, num_gpus={gpus}, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=2, num_gpus=8, include_dashboard=False, log_to_driver=False)
 config = search_r1_grpo(dataset=None)
-config.env_config["reward_config"] = tune.grid_search([{{"format_weight": 0.0}}, {{"format_weight": 0.2}}])
+config.env_config["reward_config"] = tune.grid_search([{"format_weight": 0.0}, {"format_weight": 0.2}])
+print("PLANS", len(check_trials(SearchGRPO, config)))
+config.learners(num_learners=tune.grid_search([4, 16]))  # 16 learners cannot pair with 4 EnvRunners
 try:
-    print("PLANS", len(check_trials(SearchGRPO, config)))
-    fit_or_restore(SearchGRPO, config, storage={storage!r}, name="refused", iterations=1)
+    fit_or_restore(SearchGRPO, config, storage=os.environ["STORAGE"], name="refused", iterations=1)
 except PlanError as error:
     print(error)
     print("FREE", ray.available_resources().get("GPU"))
 """
 
 
-def run_tune_plan(gpus: int, storage: Path) -> str:
-    script = textwrap.dedent(TUNE_PLAN_SCRIPT.format(gpus=gpus, storage=str(storage)))
-    if gpus >= 4:  # planned only: fitting would start the trials
-        script = script.replace("    fit_or_restore(", "    0 and fit_or_restore(")
+def test_tune_plans_every_trial_of_the_grid_and_refuses_one_that_cannot_be_placed(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=OFFLINE, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(TUNE_PLAN_SCRIPT)],
+        cwd=ROOT,
+        env={**OFFLINE, "STORAGE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
-def test_tune_plans_every_trial_of_the_grid(tmp_path):
-    assert "PLANS 2" in run_tune_plan(8, tmp_path)
-
-
-def test_tune_refuses_a_trial_the_cluster_cannot_place_before_it_starts(tmp_path):
-    out = run_tune_plan(2, tmp_path)
-    assert "a trial of this Tune experiment does not fit" in out
-    assert "trial env_config/reward_config=" in out and "the cluster has 2" in out
-    assert "FREE 2.0" in out and not (tmp_path / "refused").exists()
+    out = result.stdout
+    assert "PLANS 2" in out  # each λ trial planned: 4 colocated pairs on 8 x 80 GiB
+    assert "a trial of this Tune experiment does not fit" in out and "the cluster has 8" in out
+    assert "num_learners=16" in out and "num_learners=4," not in out  # the 16-learner trials, named
+    assert "FREE 8.0" in out and not (tmp_path / "refused").exists()  # refused before Tune started
