@@ -111,16 +111,18 @@ def test_a_run_driven_to_collapse_is_stopped(ray_cluster, tiny_model, world, cor
         bands={"entropy": (5.0, None)}, on_breach="stop"
     )
     algo = config.build_algo()
-    entropies, done = [], False
+    entropies, displaced, done = [], [], False
     try:
         while not done and len(entropies) < 6:
             result = algo.train()
             entropies.append(result["collapse"]["entropy"])
+            displaced.append(result["collapse"]["displaced_actions"])  # measured without LLDS's penalty
             done = bool(result.get("done"))
     finally:
         algo.stop()
     assert done and entropies[-1] < 5.0 and all(e >= 5.0 for e in entropies[:-1]), entropies
     assert result["collapse"]["breached"] == "entropy"
+    assert all(0.0 <= share <= 1.0 for share in displaced), displaced
 
 
 @pytest.mark.slow

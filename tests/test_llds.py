@@ -144,7 +144,9 @@ def test_the_learner_adds_llds_to_the_loss_only_when_switched_on():
         config=SearchGRPOConfig().training(loss_aggregation="token")
     ).policy_loss(logprobs, batch, batch["loss_mask"])
     assert torch.equal(off, surrogate)
-    assert not any(key.startswith("llds") for key in off_stats)
+    assert "llds_penalty" not in off_stats and "llds_active_fraction" not in off_stats
+    # Without the penalty the displaced share is still measured (a collapse monitor): row 0's turn 1 of 2.
+    assert float(off_stats["llds_displaced_actions"]) == pytest.approx(1 / 2)
     on, on_stats = loss_with(llds_coeff=0.2)
     assert float(on_stats["llds_penalty"]) == pytest.approx(0.4 / 7)
     assert float(on - off) == pytest.approx(0.2 * 0.4 / 7)

@@ -2,7 +2,10 @@
 
 GRPO on search agents collapses in a recognisable way (Search-R1's issues, verl's valid-search metric, LLDS's
 "lazy likelihood displacement"): the likelihood of correct trajectories falls, entropy and response length
-drift, searches and valid actions vanish, the KL to the reference runs away. :data:`MONITORS` names each
+drift, searches and valid actions vanish, the KL to the reference runs away, and more and more turns of
+episodes that did well lose likelihood in the update itself (``displaced_actions``: the share of
+non-negative-advantage turns whose log-likelihood fell since sampling, measured with or without LLDS's
+penalty). :data:`MONITORS` names each
 figure and where an iteration's result holds it; every iteration's result gets ``collapse/<monitor>`` for
 each one it has (so the results files and the dashboard carry them; ``rllib_search/metrics.py``).
 
@@ -34,6 +37,7 @@ MONITORS: dict[str, str] = {
     "valid_actions": "env_runners/valid_action_rate",
     "format_valid": "env_runners/format_valid_rate",
     "correct_likelihood": "env_runners/correct_logprob_mean",
+    "displaced_actions": "learners/default_policy/llds_displaced_actions",
     "reward": "env_runners/episode_return_mean",
 }
 ACTIONS = ("warn", "stop", "rollback")

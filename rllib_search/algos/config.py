@@ -308,7 +308,8 @@ class SearchConfig(AlgorithmConfig):
         max_rollbacks: int | Any = NotProvided,
     ) -> SearchConfig:
         """Bands on the collapse monitors (``algos/collapse.py``: ``entropy``, ``kl``, ``response_tokens``,
-        ``searches``, ``valid_actions``, ``format_valid``, ``correct_likelihood``, ``reward``), e.g.
+        ``searches``, ``valid_actions``, ``format_valid``, ``correct_likelihood``, ``displaced_actions``,
+        ``reward``), e.g.
         ``bands={"entropy": (0.1, None), "valid_actions": (0.5, None)}``, and what a monitor outside its band
         for ``patience`` iterations in a row does: ``"warn"``, ``"stop"`` (the result's ``done``), or
         ``"rollback"`` to the newest periodic checkpoint saved before the breach (needs

@@ -347,6 +347,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             penalty, llds_stats = self.llds_term(logprobs, batch, mask)
             stats.update(llds_penalty=penalty.detach(), **llds_stats)
             loss = loss + cfg.llds_coeff * penalty
+        else:  # the share of displaced actions is a collapse monitor whether LLDS acts on it or not
+            with torch.no_grad():
+                _, llds_stats = self.llds_term(logprobs.detach(), batch, mask)
+            stats["llds_displaced_actions"] = llds_stats["llds_displaced_actions"]
         if "ref_logprobs" in batch:
             token_kl = kl_estimate(logprobs, batch["ref_logprobs"], cfg.kl_estimator)
             kl = masked_mean(token_kl, mask, agg, norm)
