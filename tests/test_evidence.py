@@ -249,6 +249,7 @@ def test_report_from_a_results_document(tmp_path):
     assert "The recipe beats the placebo" in text
     assert "python benchmarks/evidence.py --pairs 3" in text and "Pairs run: 3 of 10" in text
     assert "- recipe: 3 of 3" in text
+    assert "| 1002 | 0 | 1.00 / 1.00 |" in text and "not run" not in text  # the per-pair table
     assert figure.stat().st_size > 10_000
 
 

@@ -281,6 +281,7 @@ def markdown(document: dict[str, Any], command: str) -> str:
             lines.append(
                 f"- {arm}: {rate['passes']} of {rate['pairs']} (95% Wilson interval {low:.2f}-{high:.2f})"
             )
+    lines += ["", *pair_table(document.get("runs") or [], document.get("machine"))]
     lines += [
         "",
         "## Verdict",
@@ -298,6 +299,39 @@ def markdown(document: dict[str, Any], command: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def pair_table(runs: list[dict[str, Any]], machine: dict[str, Any] | None) -> list[str]:
+    """Each pair's held-out EM per arm (1-hop / 2-hop) and minutes per run, and the machine they ran on."""
+    by_pair: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        by_pair.setdefault((int(run["world_seed"]), int(run["seed"])), {})[run["arm"]] = run
+    lines = [
+        "## Per pair",
+        "",
+        "EM 1-hop / 2-hop of each arm, and each run's minutes (the no_rl arm's are the warm start's).",
+        "",
+        "| world seed | seed | " + " | ".join(ARMS) + " | minutes (" + ", ".join(ARMS) + ") |",
+        "|---|---|" + "---|" * (len(ARMS) + 1),
+    ]
+    for (world, seed), arms in sorted(by_pair.items()):
+        cells = [
+            f"{arms[arm]['em']['1hop']:.2f} / {arms[arm]['em']['2hop']:.2f}" if arm in arms else "not run"
+            for arm in ARMS
+        ]
+        minutes = [
+            f"{arms[arm]['seconds'] / 60:.1f}" if arms.get(arm, {}).get("seconds") else "-" for arm in ARMS
+        ]
+        lines.append(f"| {world} | {seed} | " + " | ".join(cells) + f" | {', '.join(minutes)} |")
+    if machine:
+        bf16 = "native bf16" if machine.get("native_bf16") else "no native bf16"
+        lines += [
+            "",
+            f"Machine: {machine.get('cpu', 'CPU')} (family {machine.get('cpu_family')} model "
+            f"{machine.get('cpu_model')}), {machine.get('cores')} cores, {machine.get('vector_unit')}, "
+            f"{bf16}.",
+        ]
+    return lines
 
 
 def _hop_bars(ax: Any, names: list[str], estimates: dict[str, Any]) -> None:
