@@ -12,8 +12,10 @@ import pytest
 
 from rllib_search.algos.evaluation.scores import (
     aggregate,
+    nested_bootstrap,
     paired_gain,
     per_question_metrics,
+    power,
     score_predictions,
 )
 from rllib_search.data.formats import iter_passages, read_corpus
@@ -103,6 +105,34 @@ def test_paired_gain_of_stage_b_over_stage_a():
     assert gain.pooled["em"].high - gain.pooled["em"].low < (a.high - a.low) + (b.high - b.low)
     same = paired_gain(after, after, golds, resamples=50)
     assert same.pooled["em"].value == same.pooled["em"].low == same.pooled["em"].high == 0.0
+
+
+def test_the_nested_interval_holds_the_spread_between_seeds():
+    """Two designs with the same questions' noise: seeds that agree, and seeds that disagree by 0.3."""
+    rng = np.random.default_rng(0)
+    agree = [list((rng.random(50) < 0.5).astype(float)) for _ in range(4)]
+    disagree = [list((rng.random(50) < p).astype(float)) for p in (0.2, 0.8, 0.2, 0.8)]
+    narrow, wide = nested_bootstrap(agree, resamples=500), nested_bootstrap(disagree, resamples=500)
+    assert narrow.low <= narrow.value <= narrow.high and wide.low <= wide.value <= wide.high
+    assert wide.high - wide.low > 1.5 * (narrow.high - narrow.low)
+    assert nested_bootstrap([[1.0, 0.0], [1.0, 0.0]], resamples=50).value == 0.5
+
+
+def test_power_gives_the_detectable_difference_and_the_seeds_an_effect_needs():
+    seeds = [[0.1] * 10, [0.2] * 10, [0.3] * 10, [0.4] * 10]  # per-seed means 0.1 .. 0.4
+    result = power(seeds, effect=0.1)
+    assert result.seeds == 4 and result.seed_variance == pytest.approx(0.05 / 3)
+    z = 1.959964 + 0.841621
+    assert result.detectable == pytest.approx(z * (0.05 / 3 / 4) ** 0.5, rel=1e-5)
+    assert result.seeds_needed == 14  # ceil(z^2 * V / 0.1^2) = ceil(13.08)
+    # The normal approximation it rests on: at the detectable difference, about 80% of simulated designs
+    # (4 seeds of that spread) put 0 outside the interval.
+    sims = np.random.default_rng(1).normal(result.detectable, result.seed_variance**0.5, size=(20000, 4))
+    found = np.abs(sims.mean(axis=1)) / (result.seed_variance / 4) ** 0.5 > 1.959964
+    assert found.mean() == pytest.approx(0.8, abs=0.01)
+    one = power([[1.0, 0.0, 1.0, 0.0]])  # one seed: the questions' noise alone
+    assert one.seeds == 1 and one.seed_variance == pytest.approx(np.var([1, 0, 1, 0], ddof=1) / 4)
+    assert one.seeds_needed is None
 
 
 def test_bad_inputs_raise():

@@ -13,6 +13,11 @@ training examples, the learning proof). Pure numpy over the per-question metrics
   hops).groups["2"]["em"]``). Pairing removes the questions' own difficulty from the interval, which is
   therefore much narrower than the difference of two independent intervals.
 
+Over several training seeds (or worlds), :func:`nested_bootstrap` gives the mean of per-seed means with a
+two-level interval (seeds drawn with replacement, then each drawn seed's questions), so it holds the
+seed-to-seed spread as well as the questions'; :func:`power` says what difference such a design can
+detect and how many seeds a given one needs.
+
 Intervals are percentile bootstrap intervals (default 95%, 1000 resamples, seeded): a group's interval
 resamples that group's questions with replacement; the average's resamples every group on its own and
 averages the groups' resampled means (the groups' sizes stay fixed, as in the data); the pooled interval
@@ -22,9 +27,11 @@ key, so a group's interval does not depend on which other groups are in the set.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -251,3 +258,74 @@ def _bootstrap_means(matrix: np.ndarray, resamples: int, rng: np.random.Generato
         rows = rng.integers(0, n, size=(count, n))
         out[:, start : start + count] = matrix[:, rows].mean(axis=2)
     return out
+
+
+def nested_bootstrap(
+    values: Sequence[Sequence[float]], resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> Estimate:
+    """The mean of per-seed means of ``values`` (one sequence of per-question values per seed, or per
+    (world, seed) pair) with a percentile interval from a two-level bootstrap: seeds drawn with
+    replacement, then each drawn seed's questions drawn with replacement."""
+    arrays = [np.asarray(v, dtype=np.float64) for v in values]
+    if not arrays or any(a.size == 0 for a in arrays):
+        raise ValueError("every seed needs at least one question")
+    rng = np.random.default_rng(seed)
+    replicates = np.empty(resamples)
+    for b in range(resamples):
+        drawn = rng.integers(len(arrays), size=len(arrays))
+        replicates[b] = np.mean(
+            [arrays[p][rng.integers(arrays[p].size, size=arrays[p].size)].mean() for p in drawn]
+        )
+    low, high = np.quantile(replicates, (0.5 - confidence / 2, 0.5 + confidence / 2))
+    return Estimate(float(np.mean([a.mean() for a in arrays])), float(low), float(high))
+
+
+@dataclass(frozen=True)
+class Power:
+    """What a design of ``seeds`` seeds can detect, from the spread of its per-seed mean differences.
+
+    ``seed_variance`` is the variance of one seed's mean difference (between-seed spread plus the
+    questions' noise of one seed; with one seed, the questions' part alone, a lower bound).
+    ``detectable`` is the smallest true difference found with probability 0.8 by a two-sided test
+    at level 0.05 with these seeds (:func:`power`'s defaults); ``seeds_needed`` is how many seeds
+    ``effect`` (a difference the paper reports) needs for that (None without an effect)."""
+
+    seeds: int
+    seed_variance: float
+    detectable: float
+    effect: float | None
+    seeds_needed: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seeds": self.seeds,
+            "seed_variance": self.seed_variance,
+            "detectable": self.detectable,
+            "effect": self.effect,
+            "seeds_needed": self.seeds_needed,
+        }
+
+
+def power(
+    differences: Sequence[Sequence[float]],
+    effect: float | None = None,
+    alpha: float = 0.05,
+    probability: float = 0.8,
+) -> Power:
+    """:class:`Power` of a paired comparison from its per-seed, per-question ``differences``, by the normal
+    approximation: the mean over S seeds has variance V / S, V the variance of one seed's mean; a true
+    difference d is found with ``probability`` when |d| >= (z_(1-alpha/2) + z_probability) sqrt(V / S)."""
+    arrays = [np.asarray(v, dtype=np.float64) for v in differences if len(v)]
+    if not arrays:
+        raise ValueError("power needs at least one seed with questions")
+    means = np.asarray([a.mean() for a in arrays])
+    if len(arrays) > 1:
+        variance = float(means.var(ddof=1))
+    else:
+        variance = float(arrays[0].var(ddof=1) / arrays[0].size) if arrays[0].size > 1 else 0.0
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(probability)
+    detectable = z * math.sqrt(variance / len(arrays))
+    needed = None
+    if effect:
+        needed = max(1, math.ceil(z * z * variance / (effect * effect)))
+    return Power(len(arrays), variance, detectable, effect, needed)

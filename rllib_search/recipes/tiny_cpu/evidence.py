@@ -24,9 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from rllib_search.algos.evaluation.scores import Estimate
+from rllib_search.algos.evaluation.scores import Estimate, nested_bootstrap
 from rllib_search.algos.evaluation.scores import paired_gain as question_paired_gain
 from rllib_search.env.rewards import exact_match
 
@@ -75,26 +73,6 @@ def runs_of(runs: Sequence[dict[str, Any]], arm: str) -> dict[tuple[int, int], d
 
 
 # --- statistics ------------------------------------------------------------------------------------------
-def nested_bootstrap(
-    values: Sequence[Sequence[float]], resamples: int = 2000, confidence: float = 0.95, seed: int = 0
-) -> Estimate:
-    """The mean of per-pair means of ``values`` (one sequence of per-question values per pair) with a
-    percentile interval from a two-level bootstrap: pairs drawn with replacement, then each drawn pair's
-    questions drawn with replacement."""
-    arrays = [np.asarray(v, dtype=np.float64) for v in values]
-    if not arrays or any(a.size == 0 for a in arrays):
-        raise ValueError("every pair needs at least one question")
-    rng = np.random.default_rng(seed)
-    replicates = np.empty(resamples)
-    for b in range(resamples):
-        drawn = rng.integers(len(arrays), size=len(arrays))
-        replicates[b] = np.mean(
-            [arrays[p][rng.integers(arrays[p].size, size=arrays[p].size)].mean() for p in drawn]
-        )
-    low, high = np.quantile(replicates, (0.5 - confidence / 2, 0.5 + confidence / 2))
-    return Estimate(float(np.mean([a.mean() for a in arrays])), float(low), float(high))
-
-
 def arm_em(runs: Sequence[dict[str, Any]], arm: str, hops: int, **bootstrap: Any) -> Estimate:
     """``arm``'s held-out EM on ``hops``-hop questions over its pairs (:func:`nested_bootstrap`)."""
     chosen = runs_of(runs, arm)
