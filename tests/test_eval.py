@@ -119,17 +119,21 @@ def test_the_nested_interval_holds_the_spread_between_seeds():
 
 
 def test_power_gives_the_detectable_difference_and_the_seeds_an_effect_needs():
+    from scipy.stats import t
+
     seeds = [[0.1] * 10, [0.2] * 10, [0.3] * 10, [0.4] * 10]  # per-seed means 0.1 .. 0.4
     result = power(seeds, effect=0.1)
-    assert result.seeds == 4 and result.seed_variance == pytest.approx(0.05 / 3)
-    z = 1.959964 + 0.841621
-    assert result.detectable == pytest.approx(z * (0.05 / 3 / 4) ** 0.5, rel=1e-5)
-    assert result.seeds_needed == 14  # ceil(z^2 * V / 0.1^2) = ceil(13.08)
-    # The normal approximation it rests on: at the detectable difference, about 80% of simulated designs
-    # (4 seeds of that spread) put 0 outside the interval.
-    sims = np.random.default_rng(1).normal(result.detectable, result.seed_variance**0.5, size=(20000, 4))
-    found = np.abs(sims.mean(axis=1)) / (result.seed_variance / 4) ** 0.5 > 1.959964
-    assert found.mean() == pytest.approx(0.8, abs=0.01)
+    variance = 0.05 / 3
+    assert result.seeds == 4 and result.seed_variance == pytest.approx(variance)
+    assert result.detectable == pytest.approx((t.ppf(0.975, 3) + t.ppf(0.8, 3)) * (variance / 4) ** 0.5)
+    n = result.seeds_needed  # the least seeds whose detectable difference reaches 0.1
+    assert (t.ppf(0.975, n - 1) + t.ppf(0.8, n - 1)) ** 2 * variance / n <= 0.01
+    assert (t.ppf(0.975, n - 2) + t.ppf(0.8, n - 2)) ** 2 * variance / (n - 1) > 0.01
+    # What it rests on: at the detectable difference, about 80% of simulated designs (4 seeds of that
+    # spread) reject "no difference" with a one-sample t-test over their seeds.
+    sims = np.random.default_rng(1).normal(result.detectable, variance**0.5, size=(20000, 4))
+    statistic = sims.mean(axis=1) / (sims.std(axis=1, ddof=1) / 2)
+    assert (np.abs(statistic) > t.ppf(0.975, 3)).mean() == pytest.approx(0.8, abs=0.04)
     one = power([[1.0, 0.0, 1.0, 0.0]])  # one seed: the questions' noise alone
     assert one.seeds == 1 and one.seed_variance == pytest.approx(np.var([1, 0, 1, 0], ddof=1) / 4)
     assert one.seeds_needed is None

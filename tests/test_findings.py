@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from rllib_search.recipes import search_r1_grpo
 from rllib_search.recipes.findings import study
 from tests.helpers import tuned_example
 
@@ -114,18 +115,30 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, 
         scores = score_predictions(
             [r["answer"] for r in rows], [r["golden_answers"] for r in rows], [r["hops"] for r in rows]
         )
-        assert scores.pooled["em"].to_dict() == pytest.approx(em)
+        # Each seed answers the same questions, so the mean of seed EMs is the pooled EM; its interval
+        # resamples seeds, then questions.
+        assert em["value"] == pytest.approx(scores.pooled["em"].value)
+        assert arm["em_by_hop"].keys() == {"1", "2"} and "gain_over_warm_start" in arm
+    assert masking["intervals"] == study.SEED_AWARE
+    warm = masking["warm_start_eval"]
+    assert (
+        len(warm["answers"]) == 2 * per_hop and warm["em"]["low"] <= warm["em"]["value"] <= warm["em"]["high"]
+    )
     (comparison,) = masking["comparisons"]
     assert comparison["arm"] == "masking on" and comparison["versus"] == "masking off"
     assert comparison["pairs"] == 2 * 2 * per_hop and comparison["expected"] == 1
     gain = comparison["em_gain"]
     assert gain["low"] <= gain["value"] <= gain["high"]
+    assert comparison["power"]["seeds"] == 2 and comparison["power"]["effect"] == pytest.approx(0.158)
+    assert comparison["power"]["detectable"] >= 0
     assert comparison["reproduced"] in ("yes", "no", "inconclusive (interval covers 0)")
     if comparison["reproduced"] != "yes":
         assert comparison["reason"]
 
     table = (out / "findings.md").read_text()
     assert "| Retrieved-token masking | masking on |" in table and "| masking off |" in table
+    assert "| Retrieved-token masking | warm start (no RL) |" in table and "## Power" in table
+    assert "2 seeds detect a difference of" in table and "the paper reports +0.158" in table
     assert "| Retriever quality | BM25 | not yet run |" in table and "seeds [0, 1]" in table
     assert "![Retrieved-token masking](findings/masking.png)" in table
     assert table.count("1-hop ") >= 2 and table.count("2-hop ") >= 2  # each arm's EM per hop count
@@ -142,6 +155,7 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, 
     # arms' Tune experiments are restored, not retrained.
     stdout = run("--json", str(tmp_path / "again.json"), "--markdown", str(tmp_path / "again.md"))
     assert "warm start: reusing" in stdout and stdout.count("resuming the arm") == 2
+    assert "evaluating its warm start" not in stdout  # its answers are kept under --out
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["findings"]["masking"]["arms"] == masking["arms"]
 
@@ -461,3 +475,40 @@ def test_a_recheck_that_differs_is_reported_beside_the_verdict(tmp_path):
 
 def _findings_script():
     return tuned_example("findings")
+
+
+def test_the_main_job_warm_start_is_read_and_checked_against_the_world(tmp_path):
+    runner = _findings_script()
+    with pytest.raises(ValueError, match="not a main job's output"):
+        runner.read_main_warm_start(str(tmp_path), 1000)
+    (tmp_path / "warm_start_model").mkdir()
+    (tmp_path / "warm_start_model" / "config.json").write_text("{}")
+    settings = {"world_seed": 1000, "protocol": "search_r1_compact", "max_turn_tokens": 64, "topk": 2}
+    (tmp_path / "summary.json").write_text(json.dumps({"settings": settings}))
+    with pytest.raises(ValueError, match="pass --seed 1000"):
+        runner.read_main_warm_start(str(tmp_path), 0)
+    main = runner.read_main_warm_start(str(tmp_path), 1000)
+    assert main == {**settings, "model": str(tmp_path / "warm_start_model")}
+    run = {"main_warm_start": main}
+    assert runner.uses_main_warm_start(study.BY_KEY["losses"], run)
+    assert not runner.uses_main_warm_start(study.BY_KEY["lambda_format"], run)  # weak by design
+    assert not runner.uses_main_warm_start(study.BY_KEY["evidence"], run)  # R-Search's protocol
+    assert not runner.uses_main_warm_start(study.BY_KEY["masking"], {"main_warm_start": None})
+    text = study._warm_start_text({"warm_start_steps": 8, **run})
+    assert "main job's warm start" in text and "search_r1_compact" in text and "top-2" in text
+
+
+def test_the_policy_loss_arms_set_their_loss_and_llds():
+    losses = study.BY_KEY["losses"]
+    base = search_r1_grpo(dataset=None, scale="cpu")
+    configs = {arm.name: study.arm_config(base, arm, {}) for arm in losses.arms}
+    assert {name: (c.policy_loss, c.llds_coeff) for name, c in configs.items()} == {
+        "GRPO": ("grpo", 0.0),
+        "GRPO + LLDS": ("grpo", 0.2),
+        "GSPO": ("gspo", 0.0),
+        "GSPO + LLDS": ("gspo", 0.2),
+        "Dr. GRPO": ("dr_grpo", 0.0),
+        "Dr. GRPO + LLDS": ("dr_grpo", 0.2),
+    }
+    assert base.llds_coeff == 0.0 and base.policy_loss == "grpo"  # the arms change copies
+    assert {arm.versus for arm in losses.arms if arm.expected == 1} == {"GRPO", "GSPO", "Dr. GRPO"}

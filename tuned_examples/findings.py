@@ -13,7 +13,20 @@ question, so an arm's EM and an arm-vs-arm difference get bootstrap intervals
     lambda_retrieval  empirical study: λ_r 0 vs 0.1
     retrievers        dense (bundled MiniLM, Flat) vs BM25 vs random passages
     algorithms        GRPO vs PPO vs REINFORCE++
+    losses            GRPO vs GSPO vs Dr. GRPO, each with and without LLDS (5 seeds: --seeds 0,1,2,3,4)
     evidence          R-Search's evidence reward on vs off (the served Gemma-3-270M judge)
+
+Each finding also evaluates its warm start once (greedy, before any RL) and reports it as a row, with each
+arm's paired gain over it; intervals resample seeds, then questions; each comparison states its power (the
+difference its seeds can detect, and the seeds the paper's reported difference would need).
+
+``--warm-start DIR`` starts the Search-R1 findings from the main job's warm start instead of one of their own:
+DIR is the output of ``python tuned_examples/tiny_cpu_grpo.py --rl-iterations 0 --seed S --world-seed W
+--out DIR`` (its ``warm_start_model/``, whose held-out 2-hop EM is above 0); the findings then run on its
+world (``--seed W``) with its protocol, turn budget and top-k. The λ_f finding (a weaker warm start by
+design) and R-Search's (another protocol) keep their own.
+
+    python tuned_examples/findings.py --warm-start ~/runs/warm_1000 --seed 1000 --seeds 0,1,2,3,4
 
 Run the same command again and it resumes: finished arms are read back, unfinished ones continue from their
 checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study (hours on two CPU cores)
@@ -27,7 +40,7 @@ paper's direction and whether it reproduced here; learning-curve PNGs under ``do
 ``docs/findings/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
 the rest); ``--smoke`` writes them under ``--out`` instead.
 
-    python tuned_examples/findings.py                       # the whole study: 6 findings, 3 seeds, SmolLM2
+    python tuned_examples/findings.py                       # the whole study: 7 findings, 3 seeds, SmolLM2
     python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10
     python tuned_examples/findings.py --report-only         # rewrite the report from the results so far
     python tuned_examples/findings.py --smoke       # one finding, one seed, the smallest size: minutes
@@ -77,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         "--warm-start-steps", type=int, help="SFT steps of the shared warm start (default 8; smoke 1)"
     )
     parser.add_argument("--weak-warm-start-steps", type=int, help="the λ_f finding's (default 3)")
+    parser.add_argument(
+        "--warm-start",
+        help="a main job's output directory (tiny_cpu_grpo.py --rl-iterations 0 --out DIR): the Search-R1 "
+        "findings start from its warm_start_model/ on its world (--seed must be its world seed)",
+    )
     parser.add_argument(  # Tune schedules by CPUs: on a machine with more cores than RAM for them, cap it
         "--max-concurrent",
         type=int,
@@ -122,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         write_report(out, markdown, json_path, print)
         return 0
 
+    try:
+        main_warm_start = read_main_warm_start(args.warm_start, args.seed) if args.warm_start else None
+    except ValueError as err:
+        parser.error(str(err))
     job = RecipeJob("findings", args)  # Ray starts on entering it, only if a finding is left to run
     seeds = args.seeds or size["seeds"]
     run = {
@@ -134,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "hops": list(args.hops),
         "warm_start_steps": args.warm_start_steps or size["warm_start"],
         "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
-        "max_turn_tokens": turn_budgets(job),
+        "main_warm_start": main_warm_start,
+        "max_turn_tokens": turn_budgets(job, main_warm_start),
         "machine": machine(),
     }
     (job.out / "run.json").write_text(json.dumps(run, indent=2))
@@ -180,6 +203,42 @@ def chosen_arms(findings: list[study.Finding], names: list[str] | None) -> dict[
     return chosen
 
 
+def read_main_warm_start(directory: str, world_seed: int) -> dict[str, Any]:
+    """What the findings take from a main job's warm start (``--warm-start``): its model and the settings it
+    was trained with; a directory that is not one, or one of another world than ``world_seed``, is refused."""
+    root = Path(directory).expanduser().resolve()
+    summary, model = root / "summary.json", root / "warm_start_model"
+    if not summary.is_file() or not (model / "config.json").is_file():
+        raise ValueError(
+            f"--warm-start {root}: not a main job's output (it needs summary.json and warm_start_model/; "
+            "make one with tuned_examples/tiny_cpu_grpo.py --rl-iterations 0 --out DIR)"
+        )
+    settings = json.loads(summary.read_text()).get("settings", {})
+    missing = [key for key in ("world_seed", "protocol", "max_turn_tokens", "topk") if key not in settings]
+    if missing:
+        raise ValueError(f"--warm-start {summary}: its settings lack {missing}")
+    if int(settings["world_seed"]) != int(world_seed):
+        raise ValueError(
+            f"--warm-start {root} was trained on world {settings['world_seed']}: pass --seed "
+            f"{settings['world_seed']} so the findings run on its world"
+        )
+    return {
+        "model": str(model),
+        "world_seed": int(settings["world_seed"]),
+        "protocol": str(settings["protocol"]),
+        "max_turn_tokens": int(settings["max_turn_tokens"]),
+        "topk": int(settings["topk"]),
+    }
+
+
+def uses_main_warm_start(finding: study.Finding, run: dict[str, Any]) -> bool:
+    """Whether ``finding`` starts from the main job's warm start (``--warm-start``): the Search-R1 findings
+    that use the standard warm start."""
+    return (
+        bool(run.get("main_warm_start")) and finding.base == "search_r1" and finding.warm_start == "standard"
+    )
+
+
 def machine() -> dict[str, Any]:
     """The CPU, threads and torch a run's results come from (the findings' recipes train in fp32)."""
     import torch
@@ -214,6 +273,7 @@ def train(
     )
     for finding in findings:
         base = base_recipe(job, finding, run, context, args)
+        evaluate_warm_start(job, finding, base, held_out, run["max_turn_tokens"][finding.base])
         for arm in finding.arms:
             if arm.name not in arms[finding.key]:
                 continue
@@ -248,12 +308,46 @@ def analysed_experiments(out: Path, finding: study.Finding, budget: int) -> dict
     return trials
 
 
-def turn_budgets(job: RecipeJob) -> dict[str, int]:
-    """Each base recipe's turn budget as the study trains it (CPU scale; smoke-sized under ``--smoke``)."""
+def turn_budgets(job: RecipeJob, main_warm_start: dict[str, Any] | None = None) -> dict[str, int]:
+    """Each base recipe's turn budget as the study trains it (CPU scale; smoke-sized under ``--smoke``; the
+    main job's for Search-R1 under ``--warm-start``)."""
+    search_r1 = search_r1_grpo(dataset=None, scale="cpu")
+    if main_warm_start:
+        search_r1.rollouts(max_turn_tokens=main_warm_start["max_turn_tokens"])
     return {
-        "search_r1": job.smoke_sized(search_r1_grpo(dataset=None, scale="cpu")).max_turn_tokens,
+        "search_r1": job.smoke_sized(search_r1).max_turn_tokens,
         "r_search": job.smoke_sized(r_search_grpo(dataset=None, scale="cpu")).max_turn_tokens,
     }
+
+
+def warm_start_file(out: Path, finding: study.Finding, budget: int) -> Path:
+    """Where a finding's warm-start evaluation (its held-out answers) is kept under ``out``."""
+    return out / "warm_start_eval" / f"{finding.key}__{budget}_tokens.json"
+
+
+def evaluate_warm_start(
+    job: RecipeJob, finding: study.Finding, base: Any, held_out: list[Any], budget: int
+) -> None:
+    """The finding's warm start (``base`` before any RL) on the held-out questions, greedy, once: its
+    answers go to :func:`warm_start_file` (kept there: a resumed study reads them back)."""
+    from rllib_search.algos.algorithm import held_out_answers
+
+    path = warm_start_file(job.out, finding, budget)
+    if path.exists():
+        return
+    job.say(f"{finding.key}: evaluating its warm start on {len(held_out)} held-out questions")
+    algo = base.copy(copy_frozen=False).build_algo()
+    try:
+        answers = held_out_answers(held_out, algo.evaluate_questions(held_out))
+    finally:
+        algo.stop()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(answers)
+
+
+def warm_start_answers(out: Path, finding: study.Finding, budget: int) -> list[dict[str, Any]] | None:
+    path = warm_start_file(out, finding, budget)
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def to_run(
@@ -275,6 +369,13 @@ def base_recipe(
 ) -> Any:
     """The finding's base recipe at CPU scale, from its warm start (shared by the findings that share a base
     and a warm-start size, and reused on resume), smoke-sized under ``--smoke``."""
+    if uses_main_warm_start(finding, run):
+        main = run["main_warm_start"]
+        recipe = search_r1_grpo(
+            dataset=job.dataset, retriever=context["served_retriever"], scale="cpu", model=main["model"]
+        )
+        recipe.env_config.update(protocol=main["protocol"], topk=main["topk"])
+        return job.smoke_sized(recipe.rollouts(max_turn_tokens=main["max_turn_tokens"]))
     if finding.base == "r_search":
         recipe = r_search_grpo(
             dataset=job.dataset,
@@ -377,7 +478,8 @@ def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
         budget = budgets[finding.base]
         trials = analysed_experiments(out, finding, budget)
         if trials and len(trials) >= arms_run(results.get(finding.key)):
-            analysis = {**study.analyse(finding, trials), "max_turn_tokens": budget}
+            warm_start = warm_start_answers(out, finding, budget)
+            analysis = {**study.analyse(finding, trials, warm_start), "max_turn_tokens": budget}
             if "machine" in run:  # where the arms under ``out`` ran (runs before this recorded none)
                 analysis["machine"] = run["machine"]
             results[finding.key] = analysis

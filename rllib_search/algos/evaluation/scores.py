@@ -31,7 +31,6 @@ import math
 import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -286,8 +285,8 @@ class Power:
 
     ``seed_variance`` is the variance of one seed's mean difference (between-seed spread plus the
     questions' noise of one seed; with one seed, the questions' part alone, a lower bound).
-    ``detectable`` is the smallest true difference found with probability 0.8 by a two-sided test
-    at level 0.05 with these seeds (:func:`power`'s defaults); ``seeds_needed`` is how many seeds
+    ``detectable`` is the smallest true difference a two-sided t-test over the seeds finds with
+    probability 0.8 at level 0.05 (:func:`power`'s defaults); ``seeds_needed`` is how many seeds
     ``effect`` (a difference the paper reports) needs for that (None without an effect)."""
 
     seeds: int
@@ -306,15 +305,27 @@ class Power:
         }
 
 
+def _t_sum(seeds: int, alpha: float, probability: float) -> float:
+    """t_(1-alpha/2) + t_probability with ``seeds - 1`` degrees of freedom (the normal's with one seed)."""
+    from scipy.stats import norm, t
+
+    if seeds < 2:
+        return float(norm.ppf(1 - alpha / 2) + norm.ppf(probability))
+    return float(t.ppf(1 - alpha / 2, seeds - 1) + t.ppf(probability, seeds - 1))
+
+
 def power(
     differences: Sequence[Sequence[float]],
     effect: float | None = None,
     alpha: float = 0.05,
     probability: float = 0.8,
+    most_seeds: int = 100_000,
 ) -> Power:
-    """:class:`Power` of a paired comparison from its per-seed, per-question ``differences``, by the normal
-    approximation: the mean over S seeds has variance V / S, V the variance of one seed's mean; a true
-    difference d is found with ``probability`` when |d| >= (z_(1-alpha/2) + z_probability) sqrt(V / S)."""
+    """:class:`Power` of a paired comparison from its per-seed, per-question ``differences``: with S seeds
+    the mean difference has variance V / S (V the variance of one seed's mean), and a t-test over the
+    seeds finds a true difference d with ``probability`` when |d| >= (t_(1-alpha/2) + t_probability)
+    sqrt(V / S), t with S - 1 degrees of freedom (the usual approximation to the noncentral t).
+    ``seeds_needed`` is the least S >= 2 that meets ``effect`` (at most ``most_seeds``)."""
     arrays = [np.asarray(v, dtype=np.float64) for v in differences if len(v)]
     if not arrays:
         raise ValueError("power needs at least one seed with questions")
@@ -323,9 +334,15 @@ def power(
         variance = float(means.var(ddof=1))
     else:
         variance = float(arrays[0].var(ddof=1) / arrays[0].size) if arrays[0].size > 1 else 0.0
-    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(probability)
-    detectable = z * math.sqrt(variance / len(arrays))
+    detectable = _t_sum(len(arrays), alpha, probability) * math.sqrt(variance / len(arrays))
     needed = None
     if effect:
-        needed = max(1, math.ceil(z * z * variance / (effect * effect)))
+        needed = next(
+            (
+                n
+                for n in range(2, most_seeds + 1)
+                if _t_sum(n, alpha, probability) ** 2 * variance / n <= effect * effect
+            ),
+            most_seeds,
+        )
     return Power(len(arrays), variance, detectable, effect, needed)

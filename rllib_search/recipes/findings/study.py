@@ -6,14 +6,20 @@ compared on held-out questions, question by question (``tuned_examples/findings.
 - the study's retrievers: dense (the bundled all-MiniLM-L6-v2, Flat) vs BM25 vs random passages;
 - GRPO vs PPO (Search-R1 section 5.1) vs REINFORCE++ (R1-Searcher section 4.1: REINFORCE++ as published,
   no baseline) and REINFORCE++-baseline (the group's mean reward subtracted first);
+- GRPO vs GSPO vs Dr. GRPO, each with and without LLDS (arXiv 2512.04220, the likelihood-preserving
+  regulariser against GRPO's collapse on search agents);
 - R-Search: the evidence reward (the served Gemma-3-270M judge) on vs off.
 
 An arm is a transform of its finding's base recipe (``search_r1_grpo`` or ``r_search_grpo`` at CPU scale):
 every arm of a finding gets the same warm start, iterations, batch (episodes per iteration), learning rate and
 seeds. Each trial's held-out evaluation (greedy, at its last iteration) carries every question's answer
-(``held_out(answers=True)``), so an arm's EM pools its seeds' questions and a comparison is the paired
-per-question difference (``algos/evaluation/scores.py``: ``score_predictions``, ``paired_gain``), with a 95%
-bootstrap interval over (seed, question) pairs, per hop count and pooled.
+(``held_out(answers=True)``), so an arm's EM is the mean of its seeds' EMs and a comparison is the mean of
+the seeds' paired per-question differences, each with a 95% two-level bootstrap interval (seeds drawn, then
+each drawn seed's questions: ``algos/evaluation/scores.nested_bootstrap``), so an interval holds the
+seed-to-seed spread as well as the questions'. Each finding also evaluates its warm start (the base recipe
+before any RL: greedy, so one evaluation serves every seed), and each arm's gain over it says whether RL
+helped at all. Each comparison carries its power (``scores.power``): the smallest difference its seeds can
+detect, and the seeds the difference the paper reports (``Arm.effect``) would need.
 
 The labels (each paper's claim, the verdict against it, the notes) are this module's, applied again whenever
 the report is written (:func:`relabel`), so a corrected claim reaches the report without training again. A
@@ -36,6 +42,8 @@ CURVE_COLUMNS = ("env_runners/reward/em", "env_runners/reward/answer_f1", "env_r
 #: Search-R1's format component is its format check (1 well-formed, 0 not), so its mean is the share of
 #: well-formed training trajectories; the other protocols' format terms are scaled rewards, not shares.
 FORMAT_CURVE_COLUMNS = ("env_runners/reward/format",)
+#: How an analysis's intervals resample (analyses without it resampled (seed, question) pairs as one level).
+SEED_AWARE = "seeds, then questions"
 #: Each algorithm an arm trains with: its config class's name in ``rllib_search.algos`` and its estimator.
 ALGORITHMS = {
     "grpo": ("SearchGRPOConfig", "grpo"),
@@ -61,6 +69,7 @@ class Arm:
     direction: str = ""
     source: str = ""
     note: str = ""
+    effect: float | None = None  # the EM difference the paper reports (absolute), for the power analysis
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,8 @@ FINDINGS: tuple[Finding, ...] = (
                 _training(mask_retrieved_tokens=True),
                 versus="masking off",
                 expected=1,
-                direction="masking helps (higher EM)",
+                direction="masking helps (higher EM: LLaMA3.2-3B-base, average of 7 datasets 0.305 vs 0.147)",
+                effect=0.305 - 0.147,
             ),
         ),
         reason=(
@@ -255,6 +265,7 @@ FINDINGS: tuple[Finding, ...] = (
                     "0.365, 0.324 vs PPO's 0.292, 0.327, 0.305; LLaMA3.2-3B-Instruct the exception, 0.263 vs "
                     "0.322); final training rewards alike; PPO the more stable"
                 ),
+                effect=-0.021,  # the mean of the three models where GRPO is ahead (0.006, 0.038, 0.019)
                 note=(
                     "the sign is Table 3's, the cause is not: two PPO seeds of three lost their format or "
                     "their searches: seed 0's valid-action rate fell from 1.0 to 0.17 by iteration 10 and "
@@ -283,6 +294,7 @@ FINDINGS: tuple[Finding, ...] = (
                     "GRPO ahead (Bamboogle 44.0 vs 48.0); average CEM level (58.9 vs 59.0), training rewards "
                     "alike"
                 ),
+                effect=((58.4 - 53.0) + (57.5 - 58.0)) / 2 / 100,  # in-domain EM, HotpotQA and 2Wiki
             ),
             Arm(
                 "REINFORCE++-baseline",
@@ -302,6 +314,46 @@ FINDINGS: tuple[Finding, ...] = (
         ),
     ),
     Finding(
+        key="losses",
+        title="Policy loss and LLDS",
+        source="LLDS (arXiv 2512.04220)",
+        base="search_r1",
+        arms=(
+            Arm("GRPO", _training(policy_loss="grpo")),
+            Arm(
+                "GRPO + LLDS",
+                _training(policy_loss="grpo", llds_coeff=0.2),
+                versus="GRPO",
+                expected=1,
+                direction=(
+                    "LLDS (λ 0.2, action-level gate) keeps GRPO from collapsing and helps: about +45% "
+                    "relative EM over vanilla GRPO on Qwen2.5-3B"
+                ),
+            ),
+            Arm("GSPO", _training(policy_loss="gspo"), versus="GRPO", direction="no claim in these papers"),
+            Arm(
+                "GSPO + LLDS",
+                _training(policy_loss="gspo", llds_coeff=0.2),
+                versus="GSPO",
+                expected=1,
+                direction="LLDS helps GSPO too (GSPO + LLDS: 0.451 average EM, Qwen2.5-3B-Instruct)",
+            ),
+            Arm(
+                "Dr. GRPO",
+                _training(policy_loss="dr_grpo"),
+                versus="GRPO",
+                direction="no claim in these papers",
+            ),
+            Arm(
+                "Dr. GRPO + LLDS",
+                _training(policy_loss="dr_grpo", llds_coeff=0.2),
+                versus="Dr. GRPO",
+                expected=1,
+                direction="LLDS's gate applies to any policy loss",
+            ),
+        ),
+    ),
+    Finding(
         key="evidence",
         title="R-Search evidence reward",
         source="R-Search ablation (evidence reward)",
@@ -314,7 +366,11 @@ FINDINGS: tuple[Finding, ...] = (
                 _judge(True),
                 versus="evidence reward off",
                 expected=1,
-                direction="the evidence reward helps",
+                direction=(
+                    "the evidence reward helps (Qwen2.5-3B-Instruct, EM averaged over 7 datasets: 42.9 with "
+                    "evidence vs 40.0 without, Appendix A.2)"
+                ),
+                effect=(300.0 - 279.8) / 7 / 100,
             ),
         ),
         reason=(
@@ -442,6 +498,52 @@ def _predictions(trials: list[dict[str, Any]]) -> dict[tuple[Any, str], dict[str
     return {(t["seed"], a["uid"]): a for t in trials for a in t["answers"]}
 
 
+def _correct(answer: dict[str, Any]) -> float:
+    from rllib_search.env.rewards import exact_match
+
+    return float(exact_match(answer["answer"], answer["golden_answers"]))
+
+
+def _per_seed_correct(trials: list[dict[str, Any]], hops: int | None = None) -> dict[Any, dict[str, float]]:
+    """Seed -> question uid -> 1.0 right / 0.0 wrong (exact match), on ``hops``-hop questions (all: None)."""
+    return {
+        t["seed"]: {
+            a["uid"]: _correct(a) for a in t["answers"] if hops is None or str(a["hops"]) == str(hops)
+        }
+        for t in trials
+    }
+
+
+def _hop_counts(trials: list[dict[str, Any]]) -> list[str]:
+    return sorted({str(a["hops"]) for t in trials for a in t["answers"]}, key=lambda h: (len(h), h))
+
+
+def _seed_em(correct: dict[Any, dict[str, float]]) -> dict[str, float]:
+    from rllib_search.algos.evaluation.scores import nested_bootstrap
+
+    return nested_bootstrap([list(by_uid.values()) for by_uid in correct.values() if by_uid]).to_dict()
+
+
+def _differences(
+    after: dict[Any, dict[str, float]], before: dict[Any, dict[str, float]] | dict[str, float]
+) -> list[list[float]]:
+    """Per seed of ``after``, its correctness minus ``before``'s on each question both answered;
+    ``before`` is per seed too, or one mapping for every seed (a warm start's greedy answers)."""
+    rows = []
+    for seed, right in after.items():
+        baseline = before if all(isinstance(v, float) for v in before.values()) else before.get(seed, {})
+        shared = sorted(uid for uid in right if uid in baseline)
+        if shared:
+            rows.append([right[uid] - baseline[uid] for uid in shared])
+    return rows
+
+
+def _seed_gain(rows: list[list[float]]) -> dict[str, float] | None:
+    from rllib_search.algos.evaluation.scores import nested_bootstrap
+
+    return nested_bootstrap(rows).to_dict() if rows else None
+
+
 def reproduced(expected: int | None, low: float, high: float) -> str:
     """The verdict of a difference's interval against the paper's sign."""
     if expected is None:
@@ -453,13 +555,19 @@ def reproduced(expected: int | None, low: float, high: float) -> str:
     return "yes" if (low > 0) == (expected > 0) else "no"
 
 
-def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """One finding's figures: per arm the pooled held-out EM (F1, cover-EM) per hop count with intervals,
-    per compared arm the paired gain and its verdict."""
-    from rllib_search.algos.evaluation.scores import paired_gain, score_predictions
+def analyse(
+    finding: Finding,
+    trials_by_arm: dict[str, list[dict[str, Any]]],
+    warm_start: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One finding's figures: per arm the held-out EM (F1, cover-EM) with seed-aware intervals, overall and
+    per hop count, and its gain over the warm start (``warm_start``: the warm start's held-out answers);
+    per compared arm the paired gain, its power and its verdict."""
+    from rllib_search.algos.evaluation.scores import paired_gain, power, score_predictions
 
     arms: dict[str, Any] = {}
     complete = {}
+    warm = {a["uid"]: _correct(a) for a in warm_start} if warm_start else None
     for arm in finding.arms:
         trials = [t for t in trials_by_arm.get(arm.name, []) if t["answers"]]
         if not trials:
@@ -472,6 +580,7 @@ def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) ->
         )
         curves = [t["curve"] for t in trials if t["curve"]]
         length = min((len(c) for c in curves), default=0)
+        correct = _per_seed_correct(trials)
         arms[arm.name] = {
             "status": "run",
             "algorithm": arm.algorithm,
@@ -479,7 +588,8 @@ def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) ->
             "iterations": max(t["iterations"] or 0 for t in trials),
             "per_seed_em": {str(t["seed"]): t["held_out_em"] for t in trials},
             "questions_per_seed": len(trials[0]["answers"]),
-            "em": scores.pooled["em"].to_dict(),
+            "em": _seed_em(correct),
+            "em_by_hop": {hops: _seed_em(_per_seed_correct(trials, hops)) for hops in _hop_counts(trials)},
             "scores": scores.to_dict(),
             "curves": {str(t["seed"]): t["curve"] for t in trials},
             "format_curves": {str(t["seed"]): t.get("format_curve") or [] for t in trials},
@@ -488,6 +598,8 @@ def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) ->
                 sum(sum(c) / len(c) for c in curves) / len(curves) if curves else None
             ),
         }
+        if warm is not None:
+            arms[arm.name]["gain_over_warm_start"] = _seed_gain(_differences(correct, warm))
     comparisons = []
     for arm in finding.arms:
         if arm.versus is None:
@@ -502,17 +614,38 @@ def analyse(finding: Finding, trials_by_arm: dict[str, list[dict[str, Any]]]) ->
                 [after[k]["golden_answers"] for k in keys],
                 [after[k]["hops"] for k in keys],
             )
-            measured = {"pairs": len(keys), "em_gain": gain.pooled["em"].to_dict(), "gain": gain.to_dict()}
+            rows = _differences(
+                _per_seed_correct(complete[arm.name]), _per_seed_correct(complete[arm.versus])
+            )
+            measured = {
+                "pairs": len(keys),
+                "em_gain": _seed_gain(rows),
+                "gain": gain.to_dict(),
+                "power": power(rows, arm.effect).to_dict(),
+            }
         comparisons.append(labelled(finding, arm, arms, measured))
-    return {
+    analysis = {
         "title": finding.title,
         "source": finding.source,
         "base": finding.base,
         "warm_start": finding.warm_start,
+        "intervals": SEED_AWARE,
         "status": _status(finding, arms),
         "arms": arms,
         "comparisons": comparisons,
     }
+    if warm_start:
+        analysis["warm_start_eval"] = {
+            "em": _seed_em({"warm start": warm}),
+            "em_by_hop": {
+                hops: _seed_em(
+                    {"warm start": {a["uid"]: _correct(a) for a in warm_start if str(a["hops"]) == hops}}
+                )
+                for hops in sorted({str(a["hops"]) for a in warm_start}, key=lambda h: (len(h), h))
+            },
+            "answers": warm_start,
+        }
+    return analysis
 
 
 def _status(finding: Finding, arms: dict[str, Any]) -> str:
@@ -568,7 +701,10 @@ def relabel(finding: Finding, analysis: dict[str, Any]) -> dict[str, Any]:
             continue
         entry = stored.get((arm.name, arm.versus))
         both_run = all(arms[name]["status"] == "run" for name in (arm.name, arm.versus))
-        measured = {key: entry[key] for key in ("pairs", "em_gain", "gain") if key in entry} if entry else {}
+        kept = ("pairs", "em_gain", "gain", "power")
+        measured = {key: entry[key] for key in kept if key in entry} if entry else {}
+        if measured and both_run and "power" not in measured:  # analysed before power was recorded
+            measured["power"] = seed_power(arm, arms)
         comparisons.append(labelled(finding, arm, arms, measured if measured and both_run else None))
     return {
         **analysis,
@@ -578,6 +714,16 @@ def relabel(finding: Finding, analysis: dict[str, Any]) -> dict[str, Any]:
         "arms": arms,
         "comparisons": comparisons,
     }
+
+
+def seed_power(arm: Arm, arms: dict[str, Any]) -> dict[str, Any] | None:
+    """A comparison's power from its arms' per-seed EMs (the seeds both ran): the variance of one seed's
+    difference is all :func:`scores.power` needs."""
+    from rllib_search.algos.evaluation.scores import power
+
+    after, before = arms[arm.name].get("per_seed_em", {}), arms[str(arm.versus)].get("per_seed_em", {})
+    differences = [[after[seed] - before[seed]] for seed in sorted(after) if seed in before]
+    return power(differences, arm.effect).to_dict() if differences else None
 
 
 def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> str:
@@ -593,9 +739,25 @@ def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> st
             f"{entry['pairs']} paired (seed, question) answers cannot resolve a difference of "
             f"{gain['value']:+.3f} (interval [{gain['low']:+.3f}, {gain['high']:+.3f}])"
         )
+        if entry.get("power"):
+            parts.append(power_text(entry["power"]))
     else:
         parts.append(f"the difference is {gain['value']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]")
     return "; ".join([*parts, finding.reason] if finding.reason else parts)
+
+
+def power_text(figures: dict[str, Any]) -> str:
+    """'3 seeds detect a difference of 0.210 or more (80% power, 5% two-sided); the paper reports +0.158,
+    which needs 6 seeds' (``scores.Power``'s figures)."""
+    seeds = figures["seeds"]
+    detects = f"{seeds} seed{'s' if seeds != 1 else ''} detect"
+    if figures["detectable"] >= 1:
+        text = f"{detects} no difference an EM can show (the 80%-power bound is {figures['detectable']:.3f})"
+    else:
+        text = f"{detects} a difference of {figures['detectable']:.3f} or more (80% power, 5% two-sided)"
+    if figures.get("effect") is None:
+        return text + "; the paper's difference is not stated in figures we could use"
+    return text + f"; the paper reports {figures['effect']:+.3f}, which needs {figures['seeds_needed']} seeds"
 
 
 # --- the report -------------------------------------------------------------------------------------------
@@ -632,6 +794,7 @@ RUN_SETTINGS = (
     "hops",
     "warm_start_steps",
     "weak_warm_start_steps",
+    "main_warm_start",
 )
 
 
@@ -680,26 +843,30 @@ def report(
         f"- scale: {run.get('scale', '—')}; policy: `{run.get('model', '—')}`; embedded default (synthetic "
         f"world seed {run.get('world_seed', 0)}, CPU)",
         f"- per arm: {run.get('iterations', '—')} iterations, seeds {run.get('seeds', '—')}, warm start "
-        f"{run.get('warm_start_steps', '—')} SFT steps (weak: {run.get('weak_warm_start_steps', '—')}), "
+        f"{_warm_start_text(run)} (weak: {run.get('weak_warm_start_steps', '—')} SFT steps), "
         f"held-out {run.get('held_out_per_hop', '—')} questions per hop count {run.get('hops', '—')}",
         "- turn budget (tokens a turn may generate) the findings were measured at: "
         f"{turn_budgets_text(results)}",
         f"- machine (fp32 on the CPU; `--check` re-runs arms elsewhere): {machines_text(results)}",
-        "- EM: held-out exact match pooled over seeds, 95% bootstrap interval over (seed, question); ΔEM: "
-        "the paired per-question difference (arm minus the one it is compared with), 95% bootstrap interval. "
-        'Reproduced: yes / no / inconclusive (interval covers 0); for a paper\'s "no difference", yes when '
-        "the interval covers 0"
+        "- EM: held-out exact match, the mean of the seeds' EMs, with a 95% two-level bootstrap interval "
+        "(seeds drawn, then each drawn seed's questions; † marks findings analysed before seed-aware "
+        "intervals, whose intervals resample (seed, question) pairs); ΔEM: the paired per-question "
+        "difference (arm minus the one it is compared with), interval the same way; vs warm start: the "
+        "arm's paired gain over its finding's warm start (the base recipe before any RL, greedy), i.e. "
+        "whether RL helped. Reproduced: yes / no / inconclusive (interval covers 0); for a paper's "
+        '"no difference", yes when the interval covers 0; the power of each comparison is listed below the '
+        "table"
         + (
             "; re-checked: how the arms trained again on another machine compare (the re-checks below)."
             if checks
             else "."
         ),
         "",
-        "| Finding | Arm | Held-out EM [95% CI] | EM per hop count | Seeds | Compared with | ΔEM [95% CI] | "
-        "Paper reports | Reproduced here |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Finding | Arm | Held-out EM [95% CI] | EM per hop count | Seeds | vs warm start | Compared with | "
+        "ΔEM [95% CI] | Paper reports | Reproduced here |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    notes, arm_notes, curves_md = [], [], []
+    notes, arm_notes, curves_md, powers = [], [], [], []
     for finding in FINDINGS:
         analysis = results.get(finding.key)
         if analysis is not None:
@@ -712,19 +879,34 @@ def report(
                 "status": "not yet run",
             }
         comparisons = {c["arm"]: c for c in (analysis or {}).get("comparisons", [])}
+        dagger = "" if (analysis or {}).get("intervals") == SEED_AWARE else " †"
+        warm = (analysis or {}).get("warm_start_eval")
+        if warm:
+            hops = ", ".join(f"{h}-hop {e['value']:.3f}" for h, e in warm["em_by_hop"].items())
+            lines.append(
+                f"| {finding.title} | warm start (no RL) | {_estimate(warm['em'])} | {hops} | — | — | — | "
+                "— | — | — |"
+            )
         for arm in finding.arms:
             figures_of_arm = (analysis or {}).get("arms", {}).get(arm.name, {"status": "not yet run"})
             run_here = figures_of_arm["status"] == "run"
-            em = _estimate(figures_of_arm["em"]) if run_here else "not yet run"
+            em = _estimate(figures_of_arm["em"]) + dagger if run_here else "not yet run"
             seeds = ", ".join(str(s) for s in figures_of_arm["seeds"]) if run_here else "—"
-            per_hop = _per_hop(figures_of_arm["scores"]) if run_here else "—"
+            per_hop = _per_hop(figures_of_arm) if run_here else "—"
+            over_warm = figures_of_arm.get("gain_over_warm_start") if run_here else None
+            over_warm = _estimate(over_warm, signed=True) if over_warm else "—"
             versus = gain = paper = verdict = "—"
             if arm.versus is not None:
                 versus, paper = arm.versus, f"{arm.source or finding.source}: {arm.direction}"
                 comparison = comparisons.get(arm.name, {})
                 verdict = comparison.get("reproduced", "not yet run")
                 if comparison.get("status") == "run":
-                    gain = _estimate(comparison["em_gain"], signed=True)
+                    gain = _estimate(comparison["em_gain"], signed=True) + dagger
+                    if comparison.get("power"):
+                        figures_of_power = power_text(comparison["power"])
+                        powers.append(
+                            f"- **{finding.title}, {arm.name} vs {arm.versus}**: {figures_of_power}."
+                        )
                     bearing = [
                         c for c in checks if c["finding"] == finding.key and c["arm"] in (arm.name, versus)
                     ]
@@ -738,8 +920,8 @@ def report(
                     if "note" in comparison:
                         arm_notes.append(f"{heading}{comparison['note']}.")
             lines.append(
-                f"| {finding.title} | {arm.name} | {em} | {per_hop} | {seeds} | {versus} | {gain} | "
-                f"{paper} | {verdict} |"
+                f"| {finding.title} | {arm.name} | {em} | {per_hop} | {seeds} | {over_warm} | {versus} | "
+                f"{gain} | {paper} | {verdict} |"
             )
         if analysis is not None and analysis["status"] != "not yet run":
             figures.mkdir(parents=True, exist_ok=True)
@@ -761,6 +943,8 @@ def report(
                     ylabel="share well-formed (mean of seeds)",
                 )
                 curves_md.append(f"![{finding.title}: well-formed](findings/{png.name})")
+    if powers:
+        lines += ["", "## Power", "", *powers]
     if notes:
         lines += ["", "## Why a finding did not reproduce here", "", *notes]
     if arm_notes:
@@ -834,10 +1018,27 @@ def _seed_curves(analysis: dict[str, Any], field: str) -> dict[str, list[list[fl
     }
 
 
-def _per_hop(scores: dict[str, Any]) -> str:
-    """'1-hop 0.833, 2-hop 0.000': an arm's EM per hop count (the pooled EM hides which hops it answers)."""
-    groups = scores.get("groups", {})
+def _per_hop(figures_of_arm: dict[str, Any]) -> str:
+    """'1-hop 0.833, 2-hop 0.000': an arm's EM per hop count (the pooled EM hides which hops it answers), with
+    its seed-aware interval where the analysis has one."""
+    if "em_by_hop" in figures_of_arm:
+        by_hop = figures_of_arm["em_by_hop"]
+        return ", ".join(f"{hops}-hop {_estimate(by_hop[hops])}" for hops in sorted(by_hop, key=int))
+    groups = figures_of_arm["scores"].get("groups", {})
     return ", ".join(f"{hops}-hop {groups[hops]['em']['value']:.3f}" for hops in sorted(groups, key=int))
+
+
+def _warm_start_text(run: dict[str, Any]) -> str:
+    """The standard warm start of a run: its own SFT steps, or the main job's warm start it started from."""
+    main = run.get("main_warm_start")
+    steps = f"{run.get('warm_start_steps', '—')} SFT steps"
+    if not main:
+        return steps
+    where = Path(main["model"]).parent.name
+    return (
+        f"the main job's warm start for the Search-R1 findings (`{where}`: protocol {main['protocol']}, "
+        f"top-{main['topk']}, {main['max_turn_tokens']} tokens a turn; R-Search's: {steps})"
+    )
 
 
 def _estimate(estimate: dict[str, float], signed: bool = False) -> str:
