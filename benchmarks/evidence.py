@@ -13,13 +13,18 @@ checks). For each (world seed, seed) pair:
 Each run is a subprocess of ``tuned_examples/tiny_cpu_grpo.py`` with its own ``--out`` under
 ``<out>/world_<w>_seed_<s>/<run>/`` (its log in ``job.log``; the RL checkpoint is deleted unless
 ``--keep-checkpoints``). A run whose ``summary.json`` exists is read back, not run again, so an interrupted
-experiment resumes where it stopped. After every run the results file (``benchmarks/results/evidence.json``)
-is written again: ``runs`` (per arm and pair, every held-out answer and EM per hop count) and ``summary``
+experiment resumes where it stopped; a pair whose three runs the results file already holds is kept from it
+and not run again (its run directories may be gone), and ``--merge FILE ...`` keeps the finished pairs of
+other results files the same way (pairs run on other machines). Every run records the commit and the
+machine it ran on. After every run the results file (``benchmarks/results/evidence.json``) is written
+again: ``runs`` (per arm and pair, every held-out answer and EM per hop count) and ``summary``
 (``rllib_search/recipes/tiny_cpu/evidence.py``: EM per arm with two-level bootstrap intervals, the paired
 gains recipe - placebo and recipe - no_rl, the pass rates of the main job's goal).
 
     python benchmarks/evidence.py                      # all 10 pairs, ~13 minutes a pair on 2 cores
     python benchmarks/evidence.py --pairs 2            # the first two pairs
+    python benchmarks/evidence.py --world-seeds 1005-1009 --results b.json   # pairs split across machines,
+    python benchmarks/evidence.py --merge b.json       # ... then merged into one results file
     python benchmarks/evidence.py --report             # docs/evidence.md and docs/evidence.png from the JSON
     python benchmarks/evidence.py --smoke --pairs 1 --out /tmp/evidence_smoke --results /tmp/evidence.json \\
         -- --model PATH                                # every stage at its smallest size [MAIN-JOB FLAGS]
@@ -42,7 +47,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
-from benchmarks.results_file import write_results  # noqa: E402
+from benchmarks.results_file import git_commit, write_results  # noqa: E402
 from rllib_search.recipes.tiny_cpu import evidence  # noqa: E402
 
 MAIN_JOB = ROOT / "tuned_examples" / "tiny_cpu_grpo.py"
@@ -54,6 +59,8 @@ DOCS = ROOT / "docs"
 RUNS = Path.home() / "rllib_search_runs" / "evidence"
 #: The job's runs per pair, in order (the RL arms start from the warm start's model), and each one's arm.
 RUN_ARMS = {"warm_start": "no_rl", "recipe": "recipe", "placebo": "placebo"}
+#: What a run records of the machine (``llm.models.cpu_description``'s keys, from the job's summary.json).
+MACHINE_KEYS = ("cpu", "cpu_family", "cpu_model", "cores", "torch_threads", "vector_unit", "native_bf16")
 
 
 @dataclass(frozen=True)
@@ -126,24 +133,58 @@ def plan(pairs: list[tuple[int, int]], runs: Path, job_flags: list[str]) -> list
     return planned
 
 
-def collect(planned: list[PlannedRun]) -> list[dict[str, Any]]:
-    """The finished runs' entries: per arm and pair, every held-out answer and EM per hop count."""
-    runs = []
+def kept_pairs(files: list[Path]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """The finished pairs (all three arms) of earlier results files, each run with the commit and the
+    machine it ran on (an entry without its own takes its file's); a later file's pair replaces an
+    earlier one's."""
+    kept: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for path in files:
+        if not path.exists():
+            continue
+        found = json.loads(path.read_text())
+        by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for entry in found.get("runs") or []:
+            stamped = {"commit": found.get("commit"), "machine": found.get("machine"), **entry}
+            by_pair.setdefault(evidence.pair_of(entry), []).append(stamped)
+        for pair, entries in by_pair.items():
+            if {entry["arm"] for entry in entries} >= set(RUN_ARMS.values()):
+                kept[pair] = entries
+    return kept
+
+
+def collect(
+    planned: list[PlannedRun], kept: dict[tuple[int, int], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The finished runs' entries: per arm and pair, every held-out answer and EM per hop count, the commit
+    and the machine; a pair none of whose runs is on disk is taken from ``kept`` where it is there."""
+    runs, commit = [], git_commit(ROOT)
+    on_disk = {(run.world_seed, run.seed) for run in planned if (run.out / "summary.json").exists()}
     for run in planned:
+        pair = (run.world_seed, run.seed)
+        if pair not in on_disk:
+            if run.name == "warm_start":  # once per pair
+                runs += kept.get(pair, [])
+            continue
         if not (run.out / "summary.json").exists():
             continue
+        summary = json.loads((run.out / "summary.json").read_text())
         answers = evidence.read_answers(run.out / "predictions.jsonl", evidence.ARM_STAGE[run.arm])
         entry = evidence.run_entry(run.arm, run.world_seed, run.seed, answers)
-        entry["seconds"] = json.loads((run.out / "summary.json").read_text())["seconds"]
+        machine = {key: summary.get("machine", {}).get(key) for key in MACHINE_KEYS}
+        entry.update(seconds=summary["seconds"], commit=commit, machine=machine)
         runs.append(entry)
     return runs
 
 
 def document(
-    planned: list[PlannedRun], pairs: list[tuple[int, int]], command: str, failed: list[dict[str, Any]]
+    planned: list[PlannedRun],
+    pairs: list[tuple[int, int]],
+    command: str,
+    failed: list[dict[str, Any]],
+    kept: dict[tuple[int, int], list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """The results document: the rule and plan, the runs, their summary and the runs that failed."""
-    runs = collect(planned)
+    runs = collect(planned, kept)
     return {
         "benchmark": "evidence",
         "plan": {"rule": RULE, "pairs": [list(p) for p in pairs], "command": command},
@@ -170,15 +211,22 @@ def run_experiment(args: argparse.Namespace, job_flags: list[str], command: str)
     pairs = pairs_of(args.world_seeds, args.seeds, args.pairs)
     job_flags = ["--smoke", *job_flags] if args.smoke else job_flags
     planned = plan(pairs, Path(args.out).expanduser(), job_flags)
-    todo = [run for run in planned if not run.done]
+    results = Path(args.results)
+    kept = kept_pairs([results, *map(Path, args.merge)])
+    on_disk = {(run.world_seed, run.seed) for run in planned if run.done}
+    todo = [
+        run
+        for run in planned
+        if not run.done and ((run.world_seed, run.seed) not in kept or (run.world_seed, run.seed) in on_disk)
+    ]
+    kept_here = sorted(set(kept) & {(run.world_seed, run.seed) for run in planned} - on_disk)
     print(
-        f"evidence: {len(pairs)} pairs, {len(planned)} runs, {len(planned) - len(todo)} done, "
-        f"under {args.out}"
+        f"evidence: {len(pairs)} pairs, {len(planned)} runs, {len(planned) - len(todo)} done "
+        f"({3 * len(kept_here)} of them kept from results files), under {args.out}"
     )
     failed: list[dict[str, Any]] = []
     broken_pairs: set[tuple[int, int]] = set()
-    results = Path(args.results)
-    path = write_results(results.stem, document(planned, pairs, command, failed), {}, results.parent)
+    path = write_results(results.stem, document(planned, pairs, command, failed, kept), {}, results.parent)
     for index, run in enumerate(todo, 1):
         label = f"[{index}/{len(todo)}] world {run.world_seed} seed {run.seed} {run.name}"
         if (run.world_seed, run.seed) in broken_pairs:
@@ -203,7 +251,9 @@ def run_experiment(args: argparse.Namespace, job_flags: list[str], command: str)
             f"2-hop {entry['em']['2hop']:.3f}",
             flush=True,
         )
-        path = write_results(results.stem, document(planned, pairs, command, failed), {}, results.parent)
+        path = write_results(
+            results.stem, document(planned, pairs, command, failed, kept), {}, results.parent
+        )
     return path
 
 
@@ -217,6 +267,20 @@ def write_report(results: Path, docs: Path) -> tuple[Path, Path]:
     report.write_text(evidence.markdown(found, found["plan"]["command"]))
     evidence.plot(found["summary"], figure)
     return report, figure
+
+
+def without_merge(flags: list[str]) -> list[str]:
+    """The driver's flags less ``--merge FILE ...``: the command that reproduces the runs."""
+    kept, merging = [], False
+    for flag in flags:
+        if flag == "--merge" or flag.startswith("--merge="):
+            merging = flag == "--merge"
+        elif merging and not flag.startswith("--"):
+            continue
+        else:
+            merging = False
+            kept.append(flag)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(RUNS), help="the runs directory (one directory per pair)")
     parser.add_argument("--results", default=str(RESULTS), help="the results JSON")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="other results files whose finished pairs are kept, not run again (pairs run elsewhere)",
+    )
     parser.add_argument("--smoke", action="store_true", help="pass the main job's --smoke to every run")
     parser.add_argument(
         "--keep-checkpoints", action="store_true", help="keep each RL run's checkpoint (~1 GB)"
@@ -252,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     command = shlex.join(
-        ["python", "benchmarks/evidence.py", *ours, *(["--", *job_flags] if job_flags else [])]
+        ["python", "benchmarks/evidence.py", *without_merge(ours), *(["--", *job_flags] if job_flags else [])]
     )
     run_experiment(args, job_flags, command)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -257,6 +258,46 @@ def test_report_says_so_when_the_placebo_matches():
     document = fake_document()
     document["summary"]["gains"]["recipe-placebo"]["2hop"] = {"value": 0.02, "low": -0.05, "high": 0.09}
     assert "matches the recipe within the interval" in evidence.markdown(document, "cmd")
+
+
+def test_finished_pairs_of_results_files_are_kept_with_their_commit_and_machine(tmp_path, capsys):
+    """A pair whose three runs a results file holds is not run again: its runs are carried into the new
+    results file with the commit and machine they ran on; a pair missing an arm is not kept."""
+    document = fake_document()
+    elsewhere = {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2, "cores": 2}
+    document.update(commit="abc1234", machine=elsewhere)
+    document["runs"] = [
+        run for run in document["runs"] if (run["world_seed"], run["arm"]) != (1001, "placebo")
+    ]
+    merged_from = tmp_path / "elsewhere.json"
+    merged_from.write_text(json.dumps(document))
+    assert set(driver.kept_pairs([merged_from, tmp_path / "missing.json"])) == {(1000, 0), (1002, 0)}
+    results = tmp_path / "evidence.json"
+    flags = ["--world-seeds", "1000,1002", "--out", str(tmp_path / "runs"), "--results", str(results)]
+    assert driver.main([*flags, "--merge", str(merged_from)]) == 0
+    assert "6 done (6 of them kept from results files)" in capsys.readouterr().out
+    written = json.loads(results.read_text())
+    assert len(written["runs"]) == 6 and not (tmp_path / "runs").exists()
+    assert {(run["commit"], run["machine"]["cpu_family"]) for run in written["runs"]} == {("abc1234", 26)}
+    assert written["plan"]["command"] == shlex.join(["python", "benchmarks/evidence.py", *flags])
+    assert written["summary"]["pairs"] == [[1000, 0], [1002, 0]]
+    # Run again without --merge: the results file's own finished pairs are kept.
+    assert driver.main(flags) == 0 and json.loads(results.read_text())["runs"] == written["runs"]
+    text = evidence.markdown(written, "cmd")
+    assert "ran the code of commit abc1234" in text and "- A: AMD EPYC (family 26 model 2)" in text
+
+
+def test_the_report_names_each_pairs_machine_when_they_differ():
+    document = fake_document()
+    for run in document["runs"]:
+        run["machine"] = {
+            "cpu": "EPYC",
+            "cpu_family": 25 if run["world_seed"] == 1002 else 26,
+            "cpu_model": 1,
+        }
+    text = evidence.markdown(document, "cmd")
+    assert "- A: EPYC (family 25 model 1)" in text and "- B: EPYC (family 26 model 1)" in text
+    assert "| 1000 | 0 | 1.00 / 1.00 |" in text and text.count(" | B |") == 2 and text.count(" | A |") == 1
 
 
 # --- one smoke through the real job ------------------------------------------------------------------------
