@@ -25,6 +25,7 @@ gains recipe - placebo and recipe - no_rl, the pass rates of the main job's goal
     python benchmarks/evidence.py --pairs 2            # the first two pairs
     python benchmarks/evidence.py --world-seeds 1005-1009 --results b.json   # pairs split across machines,
     python benchmarks/evidence.py --merge b.json       # ... then merged into one results file
+    python benchmarks/evidence.py --plan-only          # the results file from the runs done; the runs left
     python benchmarks/evidence.py --report             # docs/evidence.md and docs/evidence.png from the JSON
     python benchmarks/evidence.py --smoke --pairs 1 --out /tmp/evidence_smoke --results /tmp/evidence.json \\
         -- --model PATH                                # every stage at its smallest size [MAIN-JOB FLAGS]
@@ -227,6 +228,10 @@ def run_experiment(args: argparse.Namespace, job_flags: list[str], command: str)
     failed: list[dict[str, Any]] = []
     broken_pairs: set[tuple[int, int]] = set()
     path = write_results(results.stem, document(planned, pairs, command, failed, kept), {}, results.parent)
+    if args.plan_only:
+        for run in todo:
+            print(f"to run: world {run.world_seed} seed {run.seed} {run.name}")
+        return path
     for index, run in enumerate(todo, 1):
         label = f"[{index}/{len(todo)}] world {run.world_seed} seed {run.seed} {run.name}"
         if (run.world_seed, run.seed) in broken_pairs:
@@ -269,16 +274,22 @@ def write_report(results: Path, docs: Path) -> tuple[Path, Path]:
     return report, figure
 
 
-def without_merge(flags: list[str]) -> list[str]:
-    """The driver's flags less ``--merge FILE ...``: the command that reproduces the runs."""
-    kept, merging = [], False
+#: Driver flags that do not change what runs (with how many values each takes; -1: one or more).
+BOOKKEEPING_FLAGS = {"--merge": -1, "--plan-only": 0, "--out": 1, "--results": 1, "--keep-checkpoints": 0}
+
+
+def reproducing(flags: list[str]) -> list[str]:
+    """The driver's flags less those that only say where runs and results go (``--out``, ``--results``,
+    ``--merge``, ...): the command that reproduces the runs."""
+    kept, skipping = [], 0
     for flag in flags:
-        if flag == "--merge" or flag.startswith("--merge="):
-            merging = flag == "--merge"
-        elif merging and not flag.startswith("--"):
-            continue
+        name = flag.split("=", 1)[0]
+        if name in BOOKKEEPING_FLAGS:
+            skipping = 0 if "=" in flag else BOOKKEEPING_FLAGS[name]
+        elif skipping and not (skipping < 0 and flag.startswith("--")):
+            skipping -= 1 if skipping > 0 else 0
         else:
-            merging = False
+            skipping = 0
             kept.append(flag)
     return kept
 
@@ -304,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="other results files whose finished pairs are kept, not run again (pairs run elsewhere)",
     )
+    parser.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="write the results file from the runs done (on disk or kept) and list the runs left; run none",
+    )
     parser.add_argument("--smoke", action="store_true", help="pass the main job's --smoke to every run")
     parser.add_argument(
         "--keep-checkpoints", action="store_true", help="keep each RL run's checkpoint (~1 GB)"
@@ -323,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     command = shlex.join(
-        ["python", "benchmarks/evidence.py", *without_merge(ours), *(["--", *job_flags] if job_flags else [])]
+        ["python", "benchmarks/evidence.py", *reproducing(ours), *(["--", *job_flags] if job_flags else [])]
     )
     run_experiment(args, job_flags, command)
     return 0

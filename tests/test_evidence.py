@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -279,8 +278,35 @@ def test_finished_pairs_of_results_files_are_kept_with_their_commit_and_machine(
     written = json.loads(results.read_text())
     assert len(written["runs"]) == 6 and not (tmp_path / "runs").exists()
     assert {(run["commit"], run["machine"]["cpu_family"]) for run in written["runs"]} == {("abc1234", 26)}
-    assert written["plan"]["command"] == shlex.join(["python", "benchmarks/evidence.py", *flags])
+    assert written["plan"]["command"] == "python benchmarks/evidence.py --world-seeds 1000,1002"
+    assert driver.reproducing(
+        ["--out", "x", "--merge", "a", "b", "--pairs", "2", "--results=r", "--smoke"]
+    ) == [
+        "--pairs",
+        "2",
+        "--smoke",
+    ]
     assert written["summary"]["pairs"] == [[1000, 0], [1002, 0]]
+    # --plan-only lists what is left (the pair whose placebo is missing) and runs nothing.
+    assert (
+        driver.main(
+            [
+                "--world-seeds",
+                "1001",
+                "--out",
+                str(tmp_path / "runs"),
+                "--results",
+                str(tmp_path / "left.json"),
+                "--merge",
+                str(merged_from),
+                "--plan-only",
+            ]
+        )
+        == 0
+    )
+    left = capsys.readouterr().out
+    assert "to run: world 1001 seed 0 warm_start" in left and "to run: world 1001 seed 0 placebo" in left
+    assert not (tmp_path / "runs").exists() and json.loads((tmp_path / "left.json").read_text())["runs"] == []
     # Run again without --merge: the results file's own finished pairs are kept.
     assert driver.main(flags) == 0 and json.loads(results.read_text())["runs"] == written["runs"]
     text = evidence.markdown(written, "cmd")
