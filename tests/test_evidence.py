@@ -257,6 +257,8 @@ def test_report_says_so_when_the_placebo_matches():
     document = fake_document()
     document["summary"]["gains"]["recipe-placebo"]["2hop"] = {"value": 0.02, "low": -0.05, "high": 0.09}
     assert "matches the recipe within the interval" in evidence.markdown(document, "cmd")
+    document["summary"]["gains"]["recipe-no_rl"]["1hop"] = {"value": -0.06, "low": -0.12, "high": -0.02}
+    assert "the recipe loses EM against its warm start" in evidence.markdown(document, "cmd")
 
 
 def test_finished_pairs_of_results_files_are_kept_with_their_commit_and_machine(tmp_path, capsys):

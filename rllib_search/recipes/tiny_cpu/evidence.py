@@ -209,6 +209,24 @@ def placebo_verdict(summary: dict[str, Any]) -> str:
     )
 
 
+def one_hop_verdict(summary: dict[str, Any]) -> str:
+    """What the recipe's RL does to 1-hop questions, from the paired 1-hop gain recipe - no_rl."""
+    gain = summary["gains"].get("recipe-no_rl", {}).get("1hop")
+    if gain is None:
+        return ""
+    if gain["high"] < 0:
+        return (
+            f"On 1-hop questions the recipe loses EM against its warm start: paired gain {interval(gain)}, "
+            "its 95% interval below 0."
+        )
+    if gain["low"] > 0:
+        return f"On 1-hop questions the recipe gains too: paired gain {interval(gain)}, its interval above 0."
+    return (
+        f"On 1-hop questions the recipe keeps its warm start's EM: paired gain {interval(gain)}, its 95% "
+        "interval contains 0."
+    )
+
+
 def markdown(document: dict[str, Any], command: str) -> str:
     """The experiment's report (docs/evidence.md) from its results document."""
     summary, plan = document["summary"], document["plan"]
@@ -265,6 +283,8 @@ def markdown(document: dict[str, Any], command: str) -> str:
         "## Verdict",
         "",
         placebo_verdict(summary),
+        "",
+        one_hop_verdict(summary),
         "",
         "![EM per arm and paired gains](evidence.png)",
         "",
