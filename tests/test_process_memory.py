@@ -39,3 +39,14 @@ def test_the_sampling_thread_runs_until_stopped():
             memory._stop.wait(0.05)
     assert len(block) and memory.summary()["samples"] >= 4  # the last one taken at stop
     assert memory.summary()["peak_pss_mb"] > 50
+
+
+def test_a_part_of_a_stage_has_its_own_peak_and_the_stage_resumes_after_it():
+    memory = JobMemory(interval_s=60.0)
+    memory.stage("rl")
+    with memory.within("evaluation"):
+        assert memory.current_stage == "rl: evaluation"
+        memory.sample()
+    assert memory.current_stage == "rl"
+    memory.sample()
+    assert set(memory.summary()["peak_pss_mb_by_stage"]) == {"rl", "rl: evaluation"}

@@ -64,6 +64,21 @@ def test_chunking_changes_nothing_and_gradients_flow(model_dir):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_a_chunk_counts_positions_of_the_whole_batch_not_per_row(model_dir):
+    """The projection's transient memory is set by ``logprob_chunk`` alone: 5-position chunks over the
+    batch's 2 x 6 projected positions (padding included) are 3 projections, whatever the row count."""
+    module = build(model_dir, logprob_chunk=5)
+    widths = []
+    head = module.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda _, inputs, __: widths.append(inputs[0].shape[0]))
+    try:
+        with torch.no_grad():
+            module.forward_train(batch_of(ROWS))
+    finally:
+        handle.remove()
+    assert widths == [5, 5, 2]
+
+
 def test_value_head_gives_one_value_per_position(model_dir):
     module = build(model_dir, value_head=True)
     batch = batch_of(ROWS)

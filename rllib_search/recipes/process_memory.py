@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,8 @@ class JobMemory:
     """Samples the PSS of this process and its descendants every ``interval_s`` seconds, in a daemon
     thread, and keeps the peak of their sum.
 
-    ``stage(name)`` marks where the job is, so the peak says in which stage it happened. Use as a context
+    ``stage(name)`` marks where the job is, so the peak says in which stage it happened; ``within(part)``
+    marks a part of the current stage (``"rl: evaluation"``) for as long as its block runs. Use as a context
     manager (or ``start``/``stop``); ``summary()`` is what a job's summary.json records.
     """
 
@@ -73,6 +76,16 @@ class JobMemory:
     def stage(self, name: str) -> None:
         """The job enters stage ``name``; samples from now on count under it."""
         self.current_stage = name
+
+    @contextmanager
+    def within(self, part: str) -> Iterator[None]:
+        """Samples taken while the block runs count under ``"<stage>: <part>"``."""
+        outer = self.current_stage
+        self.current_stage = f"{outer}: {part}"
+        try:
+            yield
+        finally:
+            self.current_stage = outer
 
     def sample(self) -> dict[str, float]:
         """PSS (MB) by process label now, summed over processes of a label; updates the peaks."""

@@ -19,7 +19,9 @@ compute comes from the learner's autocast; an EnvRunner's HF inference copy on a
 ``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync),
 ``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
 in ``llm/models.py``), ``value_head``,
-``logprob_chunk`` (positions per chunk of the vocabulary projection), ``share_prompts`` (default True:
+``logprob_chunk`` (positions per chunk of the vocabulary projection, over the whole micro-batch: the
+chunk's float32 logits and their softmax, about 18 bytes per position per vocabulary entry, are the
+update's largest transient), ``share_prompts`` (default True:
 when a batch carries ``prompt_lengths`` and rows share a prompt, the decoder reads each distinct prompt once;
 see ``shared_prompt.py``).
 """
@@ -45,7 +47,7 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "lora": None,
     "train_top_layers": None,
     "value_head": False,
-    "logprob_chunk": 256,
+    "logprob_chunk": 512,
     "share_prompts": True,
 }
 
@@ -144,21 +146,22 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         model: nn.Module | None = None,
         score_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probability and entropy of each next token (B, T-1), ``logprob_chunk`` positions per row
-        projected at a time; with ``score_mask`` only the masked positions (0 elsewhere)."""
+        """Log-probability and entropy of each next token (B, T-1), ``logprob_chunk`` positions of the
+        batch projected at a time; with ``score_mask`` only the masked positions (0 elsewhere)."""
         _, head = _decoder_and_head(model if model is not None else self.model)
         hidden, targets = hidden[:, :-1], input_ids[:, 1:]
         where = score_mask.bool() if score_mask is not None else torch.ones_like(targets, dtype=torch.bool)
-        flat_logp, flat_entropy = self._chunked(head, hidden[where], targets[where], targets.shape[0])
+        flat_logp, flat_entropy = self._chunked(head, hidden[where], targets[where])
         logprobs = hidden.new_zeros(targets.shape, dtype=torch.float32).index_put((where,), flat_logp)
         entropy = hidden.new_zeros(targets.shape, dtype=torch.float32).index_put((where,), flat_entropy)
         return logprobs, entropy
 
     def _chunked(
-        self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, rows: int
+        self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies of flat (N, H) hidden states, ``logprob_chunk * rows`` at a time."""
-        chunk = max(1, int(self.llm_config["logprob_chunk"]) * max(1, rows))
+        """Log-probs and entropies of flat (N, H) hidden states, ``logprob_chunk`` positions at a time (a
+        position's result does not depend on the chunk it is in)."""
+        chunk = max(1, int(self.llm_config["logprob_chunk"]))
         pieces = []
         for start in range(0, hidden.shape[0], chunk):
             h, t = hidden[start : start + chunk], targets[start : start + chunk]

@@ -34,7 +34,7 @@ Every term is in bytes on ONE GPU. The learner's terms (:func:`learner_terms`):
   Without gradient checkpointing: ``layers · block`` per token. With it (each block recomputed in
   backward): each block's float32 input (``layers · 4·H``) plus one block being recomputed (``block``).
   Both add the last hidden states and their gathered copy (``2 · 4·H``).
-- ``logits``: the vocabulary projection runs ``logprob_chunk · micro_batch_size`` positions at a time
+- ``logits``: the vocabulary projection runs ``logprob_chunk`` positions of the micro-batch at a time
   (``model/rl_module.py``), so the logits take ``chunk · vocab · (a + 4·4)`` bytes: the chunk's projection
   and four float32 (chunk, vocab) tensors alive at once (logits, log-softmax, its exp, their product).
 - ``cuda context``: :data:`PROCESS_OVERHEAD_GIB` per process on the GPU (the CUDA context, cuBLAS and
@@ -74,6 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rllib_search.algos.model.rl_module import DEFAULT_MODEL_CONFIG
 from rllib_search.algos.plan.shapes import ModelShape
 
 GIB = 1024**3
@@ -114,7 +115,7 @@ class LearnerSetup:
     sequence_tokens: int
     gradient_checkpointing: bool
     autocast: bool
-    logprob_chunk: int = 256
+    logprob_chunk: int = DEFAULT_MODEL_CONFIG["logprob_chunk"]
     reference: bool = True
     value_head: bool = False
     trainable: str = "full"  # full | lora | top_layers
@@ -212,7 +213,7 @@ def learner_terms(setup: LearnerSetup) -> Terms:
     tokens = setup.micro_batch_size * setup.sequence_tokens
     per_token = activation_bytes_per_token(shape, setup.activation_bytes, setup.gradient_checkpointing)
     terms.add("activations", tokens * per_token)
-    chunk = min(tokens, setup.logprob_chunk * setup.micro_batch_size)
+    chunk = min(tokens, setup.logprob_chunk)
     terms.add("logits", chunk * shape.vocab_size * (setup.activation_bytes + 4 * FP32))
     terms.add("cuda context", PROCESS_OVERHEAD_GIB * GIB)
     return terms
@@ -304,7 +305,7 @@ def learner_setup(config: Any, shape: ModelShape) -> LearnerSetup:
         sequence_tokens=int(env.get("max_total_tokens") or 4096),
         gradient_checkpointing=bool(model.get("gradient_checkpointing", False)),
         autocast=autocast,
-        logprob_chunk=int(model.get("logprob_chunk") or 256),
+        logprob_chunk=int(model.get("logprob_chunk") or DEFAULT_MODEL_CONFIG["logprob_chunk"]),
         reference=float(config.kl_coeff) > 0 and config.advantage_estimator != "sft",
         value_head=bool(model.get("value_head", False)),
         trainable="lora" if lora is not None else "top_layers" if top is not None else "full",

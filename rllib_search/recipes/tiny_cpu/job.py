@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -194,20 +195,29 @@ def greedy_episodes(algo: Any, questions: dict[int, list]) -> dict[int, list]:
     return {hops: [next(rollouts) for _ in group] for hops, group in questions.items()}
 
 
+def part(memory: JobMemory | None, name: str) -> AbstractContextManager[None]:
+    """Memory sampled in the block counts under ``"<stage>: <name>"`` (nothing without ``memory``)."""
+    return memory.within(name) if memory is not None else nullcontext()
+
+
 class HeldOutEvaluation:
     """Greedy answers on the held-out questions after each stage, scored per hop count with intervals."""
 
-    def __init__(self, config: TinyCPUConfig, world: World, say: Progress) -> None:
+    def __init__(
+        self, config: TinyCPUConfig, world: World, say: Progress, memory: JobMemory | None = None
+    ) -> None:
         from rllib_search.llm.models import cache_dir
         from rllib_search.recipes.tiny_cpu.answer_cache import EvaluationCache
 
-        self.config, self.world, self.say = config, world, say
+        self.config, self.world, self.say, self.memory = config, world, say, memory
         self.cache = EvaluationCache(cache_dir() / "evaluations")
         self.table: list[dict[str, Any]] = []
 
     def answers(self, algo: Any) -> dict[str, Any]:
         answers, searches = {}, {}
-        for hops, rollouts in greedy_episodes(algo, self.world.held_out).items():
+        with part(self.memory, "evaluation"):
+            episodes = greedy_episodes(algo, self.world.held_out)
+        for hops, rollouts in episodes.items():
             answers[str(hops)] = [r.answer for r in rollouts]
             searches[str(hops)] = sum(r.stats["searches"] for r in rollouts) / len(rollouts)
         return {"answers": answers, "searches": searches}
@@ -271,7 +281,13 @@ class WarmStart:
     turns_over_budget: int = 0
 
 
-def warm_start(config: TinyCPUConfig, world: World, evaluate: HeldOutEvaluation, say: Progress) -> WarmStart:
+def warm_start(
+    config: TinyCPUConfig,
+    world: World,
+    evaluate: HeldOutEvaluation,
+    say: Progress,
+    memory: JobMemory | None = None,
+) -> WarmStart:
     """Masked SFT on teacher trajectories, then plan calibration; evaluated before and after."""
     from rllib_search.algos import SearchSFTConfig
     from rllib_search.algos.rollouts.demonstrations import teacher_rollouts, turns_over_budget
@@ -331,7 +347,8 @@ def warm_start(config: TinyCPUConfig, world: World, evaluate: HeldOutEvaluation,
     )
     evaluate(sft, "before", cache_key=evaluate.base_model_key())
     for step in range(1, config.sft_steps + 1):
-        nll = sft.train()["learners"]["default_policy"]["sft_nll"]
+        with part(memory, "sft"):
+            nll = sft.train()["learners"]["default_policy"]["sft_nll"]
         say(f"sft step {step:3d}/{config.sft_steps}  nll {nll:.4f}")
 
     def read_forks() -> dict[int, dict[str, float]]:
@@ -374,7 +391,8 @@ def warm_start(config: TinyCPUConfig, world: World, evaluate: HeldOutEvaluation,
                 end = "  (never in the window from the fewest steps on)"
             say(f"calibration step {step}/{settings.max_steps}  nll {nll:.4f}  {describe_forks(forks)}{end}")
 
-        calibration = calibrate_forks(sft, demonstrations, read_forks, settings, ForkWindow(), report)
+        with part(memory, "calibration"):
+            calibration = calibrate_forks(sft, demonstrations, read_forks, settings, ForkWindow(), report)
     evaluate(sft, "after warm start")
     directory = sft.export(Path(config.out) / "warm_start_model")
     sft.stop()
@@ -392,7 +410,12 @@ class RLResult:
 
 
 def train_rl(
-    config: TinyCPUConfig, world: World, warm: WarmStart, evaluate: HeldOutEvaluation, say: Progress
+    config: TinyCPUConfig,
+    world: World,
+    warm: WarmStart,
+    evaluate: HeldOutEvaluation,
+    say: Progress,
+    memory: JobMemory | None = None,
 ) -> RLResult:
     """GRPO from the warm start, crediting each episode's first turn, with validations that keep the
     best weights and a WiSE-FT check; evaluated after."""
@@ -434,7 +457,9 @@ def train_rl(
     def validate(iteration: int) -> dict[str, Any]:
         """Greedy answers on the validation questions: right answers per hop count, and which."""
         result: dict[str, Any] = {"iteration": iteration, "correct": 0}
-        for hops, rollouts in greedy_episodes(grpo, checked).items():
+        with part(memory, "validation"):
+            episodes = greedy_episodes(grpo, checked)
+        for hops, rollouts in episodes.items():
             em = per_question_metrics(
                 [r.answer for r in rollouts], [r.golden_answers for r in checked[hops]], ("em",)
             )["em"]
@@ -666,13 +691,13 @@ def run(config: TinyCPUConfig, precision_measured: bool = False) -> dict[str, An
         machine = describe_machine(config, precision_measured, progress)
         memory.stage("services")
         start_services(config, world, progress)
-        evaluate = HeldOutEvaluation(config, world, progress)
+        evaluate = HeldOutEvaluation(config, world, progress, memory)
         memory.stage("warm start")
-        warm = warm_start(config, world, evaluate, progress)
+        warm = warm_start(config, world, evaluate, progress, memory)
         rl = None
         if config.rl_iterations:
             memory.stage("rl")
-            rl = train_rl(config, world, warm, evaluate, progress)
+            rl = train_rl(config, world, warm, evaluate, progress, memory)
         else:
             progress("no RL (--rl-iterations 0): the warm start alone")
             stop_services(world)
