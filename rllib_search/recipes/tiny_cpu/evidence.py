@@ -315,7 +315,8 @@ def pair_table(runs: list[dict[str, Any]], machine: dict[str, Any] | None) -> li
     lines = [
         "## Per pair",
         "",
-        "EM 1-hop / 2-hop of each arm, and each run's minutes (the no_rl arm's are the warm start's).",
+        "EM 1-hop / 2-hop of each arm, and each run's wall-clock minutes (the no_rl arm's are the warm "
+        "start's; on a shared machine they count whatever else ran beside them).",
         "",
         "| world seed | seed | " + " | ".join(ARMS) + " | minutes (" + ", ".join(ARMS) + ") | machine |",
         "|---|---|" + "---|" * (len(ARMS) + 2),
