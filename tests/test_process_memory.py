@@ -50,3 +50,21 @@ def test_a_part_of_a_stage_has_its_own_peak_and_the_stage_resumes_after_it():
     assert memory.current_stage == "rl"
     memory.sample()
     assert set(memory.summary()["peak_pss_mb_by_stage"]) == {"rl", "rl: evaluation"}
+
+
+def test_the_drivers_exact_peak_is_kept_per_stage_even_between_samples():
+    """A block held for far less than the sampling interval still shows in its stage's driver peak (the
+    kernel's high-water mark), and the next stage starts from what the driver holds then."""
+    import numpy as np
+
+    memory = JobMemory(interval_s=60.0)
+    memory.stage("quiet")
+    memory.stage("burst")
+    block = np.ones(400 * 1024 * 1024 // 8)  # 400 MB, touched, then freed before any sample
+    del block
+    memory.stage("after")
+    summary = memory.summary()
+    by_stage = summary["driver_peak_rss_mb_by_stage"]
+    assert by_stage["burst"] - by_stage["quiet"] > 300
+    assert by_stage["after"] < by_stage["burst"] - 300
+    assert summary["driver_peak_rss_mb"] == by_stage["burst"]

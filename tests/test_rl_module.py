@@ -133,3 +133,24 @@ def test_score_mask_projects_only_masked_positions_with_the_same_values(model_di
         assert torch.all(masked[key][~score_mask] == 0)
     masked["logprobs"].sum().backward()  # gradients flow through the scattered positions
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_under_bf16_autocast(model_dir):
+    """The main job's warm start recomputes activations in backward to halve its memory: nothing else
+    may change, bit for bit, in the loss or any gradient (the module trains in train mode, as RLlib's
+    learner leaves it)."""
+    batch = batch_of(ROWS)
+    grads = []
+    for checkpointing in (False, True):
+        module = build(model_dir, gradient_checkpointing=checkpointing).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = -module.forward_train(batch)["logprobs"].sum()
+            loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in module.model.parameters()]))
+    (loss_plain, plain), (loss_checkpointed, checkpointed) = grads
+    assert torch.equal(loss_plain, loss_checkpointed)
+    assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed, strict=True))
+    assert any(
+        getattr(m, "gradient_checkpointing", False)
+        for m in build(model_dir, gradient_checkpointing=True).modules()
+    )

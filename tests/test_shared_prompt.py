@@ -123,9 +123,6 @@ def test_the_plain_forward_runs_where_sharing_would_not_be_exact(model_dir):
     module.model.config._attn_implementation = "flash_attention_2"  # varlen kernels: no holes in a mask
     assert not supports(decoder)
     module.model.config._attn_implementation = "sdpa"
-    checkpointed = build(model_dir, gradient_checkpointing=True)
-    assert not supports(checkpointed.model.get_decoder())  # transformers drops the cache under it
-    assert checkpointed.prompt_groups(grouped_rows(), checkpointed.model) is None
     assert build(model_dir, share_prompts=False).prompt_groups(grouped_rows(), module.model) is None
     assert module.prompt_groups(grouped_rows(), module.model) is not None
 
@@ -181,3 +178,21 @@ def test_the_learners_scores_are_the_same_with_shared_prompts(model_dir):
     for key in ("ref_logprobs", "old_logprobs"):
         assert np.abs(plain[key][mask]).min() > 0
         np.testing.assert_allclose(shared[key][mask], plain[key][mask], atol=1e-5, rtol=1e-5)
+
+
+def test_under_gradient_checkpointing_a_shared_prompt_batch_computes_exactly_what_it_did_without(model_dir):
+    """Transformers drops a checkpointed layer's cache, so the shared forward pauses checkpointing: the
+    same log-probs and gradients, bit for bit, and the layers checkpoint again after it."""
+    batch = grouped_rows()
+    results = []
+    for checkpointing in (False, True):
+        module = build(model_dir, gradient_checkpointing=checkpointing).train()
+        assert module.prompt_groups(batch, module.model) is not None
+        logprobs = module.forward_train(batch)["logprobs"]
+        logprobs.sum().backward()
+        results.append((logprobs.detach(), [p.grad.clone() for p in module.model.parameters()]))
+        flags = [getattr(m, "gradient_checkpointing", False) for m in module.model.modules()]
+        assert any(flags) == checkpointing
+    (plain, plain_grads), (checkpointed, checkpointed_grads) = results
+    assert torch.equal(plain, checkpointed)
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, checkpointed_grads, strict=True))

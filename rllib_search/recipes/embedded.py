@@ -248,16 +248,11 @@ def warm_start(
 
 
 def release_freed_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    The main job's SFT trains in the driver, and glibc keeps the policy's, optimizer's and activations' freed
-    blocks in its arenas: measured after 2 SFT steps of SmolLM2-135M, the driver's resident memory was
-    6.8 GB before the trim and 1.4 GB after, memory the RL stage after it needs. Nothing in
-    torch or Ray returns it; ``malloc_trim`` is the libc call that does."""
-    import contextlib
-    import ctypes
+    """Collect garbage and hand freed heap pages back to the OS (``llm.host_memory``): the SFT learner's
+    weights, optimizer state and activations, freed when the warm start ends, before RL builds its own."""
     import gc
 
+    from rllib_search.llm.host_memory import release_free_heap
+
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_free_heap()

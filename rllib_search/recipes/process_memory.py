@@ -5,6 +5,10 @@ Shared pages count once: each process is measured by its PSS (proportional set s
 processes counts 1/n in each), so the sum over processes is what the job takes from the machine, the object
 store's shared memory included once. :class:`JobMemory` samples in a background thread and keeps the peak
 of that sum, the stage it happened in and what each kind of process held then.
+
+Sampling can miss a peak shorter than its interval (a backward pass). The driver's own peak is also kept
+exactly: the kernel's high-water mark of its resident memory (``VmHWM``), read and reset at every stage
+and part boundary (Linux; absent elsewhere).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -70,21 +74,36 @@ class JobMemory:
         self.peak_by_label: dict[str, float] = {}
         self.peak_by_stage: dict[str, float] = {}
         self._labels: dict[int, str] = {}
+        self.driver_peak_by_stage: dict[str, float] = {}
+        reset_driver_high_water()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def stage(self, name: str) -> None:
         """The job enters stage ``name``; samples from now on count under it."""
+        self._close_driver_peak()
         self.current_stage = name
+
+    def _close_driver_peak(self) -> None:
+        """The driver's exact peak RSS since the last boundary goes to the current stage; the kernel's mark
+        is reset for the next one."""
+        peak = driver_high_water_mb()
+        if peak is None:
+            return
+        stage = self.current_stage
+        self.driver_peak_by_stage[stage] = max(self.driver_peak_by_stage.get(stage, 0.0), peak)
+        reset_driver_high_water()
 
     @contextmanager
     def within(self, part: str) -> Iterator[None]:
         """Samples taken while the block runs count under ``"<stage>: <part>"``."""
         outer = self.current_stage
+        self._close_driver_peak()
         self.current_stage = f"{outer}: {part}"
         try:
             yield
         finally:
+            self._close_driver_peak()
             self.current_stage = outer
 
     def sample(self) -> dict[str, float]:
@@ -121,6 +140,7 @@ class JobMemory:
         if self._thread is not None:
             self._thread.join()
         self.sample()
+        self._close_driver_peak()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -135,13 +155,36 @@ class JobMemory:
         self.stop()
 
     def summary(self) -> dict[str, Any]:
-        """The peak of the job's summed PSS (MB), its stage, what each kind of process held then, and the
-        peak within each stage."""
+        """The peak of the job's summed PSS (MB), its stage, what each kind of process held then, the
+        peak within each stage, and the driver's exact peak RSS in each stage."""
+        self._close_driver_peak()
+        driver = {k: round(v, 1) for k, v in self.driver_peak_by_stage.items()}
         return {
             "peak_pss_mb": round(self.peak_mb, 1),
             "peak_stage": self.peak_stage,
             "peak_pss_mb_by_process": {k: round(v, 1) for k, v in sorted(self.peak_by_label.items())},
             "peak_pss_mb_by_stage": {k: round(v, 1) for k, v in self.peak_by_stage.items()},
+            "driver_peak_rss_mb": max(driver.values(), default=None),
+            "driver_peak_rss_mb_by_stage": driver,
             "sample_interval_s": self.interval_s,
             "samples": self.samples,
         }
+
+
+def driver_high_water_mb() -> float | None:
+    """This process's peak resident memory (MB) since it started or since the last reset, from the kernel
+    (``VmHWM`` in /proc/self/status); None where there is no such file."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    return None
+
+
+def reset_driver_high_water() -> None:
+    """Start this process's peak resident memory anew from what it holds now (Linux: ``clear_refs`` 5)."""
+    with suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")

@@ -15,7 +15,9 @@ episode most positions are prompt and retrieved text, so this skips most of the 
 ``model_config`` keys (defaults in :data:`DEFAULT_MODEL_CONFIG`): ``model`` (hub name, local path or
 bundled alias), ``dtype`` (default float32: the learner's weights are the fp32 master weights, and bf16
 compute comes from the learner's autocast; an EnvRunner's HF inference copy on a GPU loads in bf16),
-``device`` (default: the GPU when there is one), ``gradient_checkpointing``,
+``device`` (default: the GPU when there is one), ``gradient_checkpointing`` (the plain forward's decoder
+layers recompute their activations in backward: the same gradients, about half the activation memory;
+batches that share prompts run the shared-prompt forward unchanged),
 ``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync),
 ``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
 in ``llm/models.py``), ``value_head``,
@@ -109,11 +111,17 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         attention_mask = batch["attention_mask"]
         groups = self.prompt_groups(batch, model)
         if groups is not None:
-            return shared_prompt.shared_prompt_hidden_states(
-                decoder, batch["input_ids"], attention_mask, batch["prompt_lengths"], groups
-            )
+            with shared_prompt.checkpointing_paused(decoder):
+                return shared_prompt.shared_prompt_hidden_states(
+                    decoder, batch["input_ids"], attention_mask, batch["prompt_lengths"], groups
+                )
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = decoder(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=position_ids)
+        out = decoder(
+            input_ids=batch["input_ids"],
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,  # one pass over whole sequences: no keys and values to keep
+        )
         return out.last_hidden_state
 
     def prompt_groups(self, batch: dict[str, Any], model: nn.Module) -> shared_prompt.PromptGroups | None:

@@ -22,13 +22,17 @@ returning a ``DynamicCache``, ``reorder_cache``, and a decoder call with ``past_
 
 When it applies (:func:`supports`): a 2-D mask with padding between a prompt and its continuation needs an
 attention that takes arbitrary masks (``sdpa`` or ``eager``, transformers' defaults on CPU and GPU; not
-flash-attention's varlen kernels), a cache of full-attention layers (no sliding window), and no gradient
-checkpointing (transformers drops the cache under it). Otherwise, or when no two rows share a prompt, the
-caller runs the plain forward.
+flash-attention's varlen kernels) and a cache of full-attention layers (no sliding window). Otherwise, or
+when no two rows share a prompt, the caller runs the plain forward. A model under gradient checkpointing
+runs this forward with checkpointing paused (:func:`checkpointing_paused`: transformers drops the cache of
+a checkpointed layer), so a batch that shares prompts computes exactly what it computes without
+checkpointing; the plain forward of the other batches is the one checkpointing shrinks.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,12 +75,23 @@ def group_prompts(input_ids: np.ndarray, prompt_lengths: np.ndarray) -> PromptGr
 
 def supports(decoder: nn.Module) -> bool:
     """Whether :func:`shared_prompt_hidden_states` is exact for ``decoder`` (see the module docstring)."""
-    if any(getattr(module, "gradient_checkpointing", False) for module in decoder.modules()):
-        return False
     config = decoder.config.get_text_config()
     if getattr(config, "_attn_implementation", None) not in MASK_FRIENDLY_ATTENTION:
         return False
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
+
+
+@contextlib.contextmanager
+def checkpointing_paused(decoder: nn.Module) -> Iterator[None]:
+    """``decoder``'s checkpointed layers run plainly inside the block (their own setting after it)."""
+    checkpointed = [m for m in decoder.modules() if getattr(m, "gradient_checkpointing", False)]
+    for module in checkpointed:
+        module.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for module in checkpointed:
+            module.gradient_checkpointing = True
 
 
 def shared_prompt_hidden_states(

@@ -339,6 +339,8 @@ def warm_start(
         )
     sft = (
         base_config(config, world, SearchSFTConfig, config.model, world.by_hops[1])
+        # each decoder layer's activations recomputed in backward: half the SFT step's memory, same gradients
+        .rl_module(model_config={"model": config.model, "gradient_checkpointing": True})
         .training(
             lr=config.sft_lr, micro_batch_size=config.micro_batch, total_training_steps=config.sft_steps
         )
@@ -714,4 +716,9 @@ def describe_memory(peak: dict[str, Any]) -> str:
     largest = sorted(peak["peak_pss_mb_by_process"].items(), key=lambda item: -item[1])[:3]
     held = ", ".join(f"{label} {mb / 1024:.2f}" for label, mb in largest)
     gigabytes = peak["peak_pss_mb"] / 1024
-    return f"memory: peak {gigabytes:.2f} GB PSS over the job's processes, in {peak['peak_stage']} ({held})"
+    line = f"memory: peak {gigabytes:.2f} GB PSS over the job's processes, in {peak['peak_stage']} ({held})"
+    by_stage = peak.get("driver_peak_rss_mb_by_stage") or {}
+    if by_stage:
+        stage = max(by_stage, key=by_stage.get)
+        line += f"; the driver's exact peak {by_stage[stage] / 1024:.2f} GB RSS, in {stage}"
+    return line
