@@ -173,15 +173,10 @@ class JobMemory:
 
 def driver_high_water_mb() -> float | None:
     """This process's peak resident memory (MB) since it started or since the last reset, from the kernel
-    (``VmHWM`` in /proc/self/status); None where there is no such file."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024  # kB
-    return None
+    (``VmHWM``); None without /proc."""
+    from rllib_search.serve.memory import status_mb
+
+    return status_mb("VmHWM")
 
 
 def reset_driver_high_water() -> None:
