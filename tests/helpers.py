@@ -58,6 +58,31 @@ def build_tiny_sliding_window_lm(out_dir, tokenizer_dir, sliding_window: int = 1
     return out_dir
 
 
+def build_tiny_qwen2_lm(out_dir, tokenizer_dir=None, hidden_size: int = 32, seed: int = 3):
+    """A tiny Qwen2 (tied embeddings, biases on q, k and v, grouped-query attention) over the tokenizer in
+    ``tokenizer_dir`` (saved with it), or a 300-token vocabulary without one; returns ``out_dir``."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
+    config = Qwen2Config(
+        vocab_size=len(tokenizer) if tokenizer else 300,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id if tokenizer else None,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        Qwen2ForCausalLM(config).save_pretrained(out_dir)
+    if tokenizer:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
 ENV_SETTINGS = {"protocol": "search_r1", "max_turns": 3, "max_total_tokens": 700, "max_obs_tokens": 80}
 
 

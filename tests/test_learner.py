@@ -424,6 +424,10 @@ def test_bf16_autocast_update_is_finite_and_trains(ray_cluster, model_dir, world
     assert stats["skipped_updates"].peek() == 0 and np.isfinite(stats["policy_loss"].peek())
     assert any(not torch.equal(before[k], v) for k, v in policy_weights(algo).items())
     assert all(v.dtype == torch.float32 for v in policy_weights(algo).values())  # master weights stay fp32
+    assert all(p.grad is None for p in learner_of(algo).policy().model.parameters())  # freed after the step
+    reference = dict(learner_of(algo).reference.named_parameters())  # frozen, read only under autocast
+    assert reference["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    assert reference["model.embed_tokens.weight"].dtype == torch.float32
     algo.stop()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from rllib_search.llm.models import (
     cpu_times,
     decide_cpu_precision,
     describe_cpu,
+    linears_in_autocast_dtype,
     load_causal_lm,
     lora_state_dict,
     matmul_gflops,
@@ -120,6 +122,29 @@ def test_merged_state_dict_reproduces_the_adapted_model(tiny_path):
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, peft_model(ids).logits, atol=1e-5, rtol=1e-5)
     assert all("lora_" not in name for name in merged)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_frozen_model_under_autocast_computes_the_same_bits_with_its_linears_stored_in_bf16(
+    tiny_path, tied
+):
+    """Autocast casts a Linear's fp32 weight to bf16 at each product; stored in bf16, it is the same weight.
+    A tied output projection shares the embeddings' weight (not cast by autocast) and keeps fp32."""
+    model, _ = load_causal_lm(str(tiny_path))
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.eval().requires_grad_(False)
+    compact = linears_in_autocast_dtype(copy.deepcopy(model), torch.bfloat16)
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35, 89], [2, 71, 82, 81, 8, 28, 18]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(compact(ids).logits, model(ids).logits)
+    weights = dict(compact.named_parameters(remove_duplicate=False))
+    assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert weights["model.embed_tokens.weight"].dtype == torch.float32
+    assert weights["lm_head.weight"].dtype == (torch.float32 if tied else torch.bfloat16)
+    assert compact.lm_head.weight is compact.model.embed_tokens.weight or not tied
+    size = sum(p.numel() * p.element_size() for p in compact.parameters())
+    assert size < 0.75 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @pytest.mark.slow

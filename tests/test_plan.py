@@ -20,7 +20,9 @@ from rllib_search.algos.plan import make_plan, model_shape
 from rllib_search.algos.plan.memory import LearnerSetup, learner_terms
 from rllib_search.algos.plan.resources import read_services
 from rllib_search.algos.plan.shapes import PUBLISHED_SHAPES, ModelShape
+from rllib_search.llm.models import linears_in_autocast_dtype
 from rllib_search.recipes.train_cli import DEFAULT_SERVICES, PAPER_CONFIGS
+from tests.helpers import build_tiny_qwen2_lm
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -37,25 +39,12 @@ def tiny_llama(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_qwen2(tmp_path_factory) -> Path:
     """A tiny Qwen2: tied embeddings, biases on q, k and v, grouped-query attention."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    out = tmp_path_factory.mktemp("plan_qwen2")
-    Qwen2ForCausalLM(config).save_pretrained(out)
-    return out
+    return build_tiny_qwen2_lm(tmp_path_factory.mktemp("plan_qwen2"))
 
 
 def real_state_bytes(model_dir: Path, *, value_head: bool) -> dict[str, int]:
     """The learner's state as real tensors: fp32 weights, their gradients after a backward, AdamW's state
-    after one step, and a deep-copied reference; in bytes."""
+    after one step, and a deep-copied reference with its Linear weights in bf16 (autocast); in bytes."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -63,7 +52,7 @@ def real_state_bytes(model_dir: Path, *, value_head: bool) -> dict[str, int]:
     if value_head:
         head = torch.nn.Linear(model.config.hidden_size, 1)
         params += list(head.parameters())
-    reference = copy.deepcopy(model).requires_grad_(False)
+    reference = linears_in_autocast_dtype(copy.deepcopy(model).requires_grad_(False), torch.bfloat16)
     ids = torch.randint(0, model.config.vocab_size, (2, 6))
     out = model(input_ids=ids, output_hidden_states=True)
     loss = out.logits.float().logsumexp(-1).mean()
@@ -109,8 +98,10 @@ def test_fsdp2_shards_the_state_over_the_learners(tiny_qwen2):
     shape = model_shape(str(tiny_qwen2))
     alone = learner_terms(one_learner(shape)).items
     sharded = learner_terms(one_learner(shape, strategy="fsdp2", learners=4)).items
-    for name in ("weights", "gradients", "optimizer", "reference"):
+    for name in ("weights", "gradients", "optimizer"):
         assert sharded[name] == pytest.approx(alone[name] / 4)
+    assert sharded["reference"] == pytest.approx(4 * shape.parameters() / 4)  # fp32 shards, FSDP casts them
+    assert alone["reference"] < 4 * shape.parameters()  # alone: its Linear weights in bf16, as autocast reads
     assert "autocast cache" in alone and "autocast cache" not in sharded and "fsdp2 gathered" in sharded
     ddp = learner_terms(one_learner(shape, learners=4)).items
     assert ddp["ddp buckets"] == alone["gradients"] and ddp["weights"] == alone["weights"]
@@ -175,13 +166,14 @@ def test_r_search_is_refused_on_one_24_gib_gpu_with_the_numbers():
     assert "fits: NO" in str(plan)
 
 
-def test_ddp_without_sharding_does_not_fit_a_3b_learner_beside_its_engine():
+def test_ddp_without_sharding_does_not_fit_a_3b_learner_beside_its_engine_on_48_gib_where_fsdp2_does():
     config = PAPER_CONFIGS["search_r1_grpo"](None)
     config.sharding = None
-    plan = make_plan(config, gpus=8, gpu_memory_gib=80, services=None)
+    plan = make_plan(config, gpus=8, gpu_memory_gib=48, services=None)
     assert not plan.fits
     assert plan.learner.items["ddp buckets"] == plan.learner.items["gradients"]
     assert any("shard the learners" in reason for reason in plan.reasons)
+    assert make_plan(PAPER_CONFIGS["search_r1_grpo"](None), gpus=8, gpu_memory_gib=48, services=None).fits
 
 
 def run_plan_command(*args: str) -> subprocess.CompletedProcess:

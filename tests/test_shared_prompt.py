@@ -16,6 +16,7 @@ from rllib_search.algos.learners.batching import bucket_order, micro_batches
 from rllib_search.algos.model.rl_module import LLMRLModule
 from rllib_search.algos.model.shared_prompt import computed_positions, group_prompts, supports
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from tests.helpers import build_tiny_qwen2_lm
 
 
 @pytest.fixture(scope="module")
@@ -180,19 +181,55 @@ def test_the_learners_scores_are_the_same_with_shared_prompts(model_dir):
         np.testing.assert_allclose(shared[key][mask], plain[key][mask], atol=1e-5, rtol=1e-5)
 
 
-def test_under_gradient_checkpointing_a_shared_prompt_batch_computes_exactly_what_it_did_without(model_dir):
-    """Transformers drops a checkpointed layer's cache, so the shared forward pauses checkpointing: the
-    same log-probs and gradients, bit for bit, and the layers checkpoint again after it."""
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory, model_dir) -> str:
+    """A tiny Qwen2 over the tiny tokenizer (the other decoder family the layered forward runs)."""
+    return str(build_tiny_qwen2_lm(tmp_path_factory.mktemp("shared_prompt_qwen2"), model_dir, hidden_size=64))
+
+
+def saved_bytes_and_result(module: LLMRLModule, batch: dict[str, torch.Tensor]):
+    """Bytes of the tensors autograd keeps for backward in one forward, its log-probs and gradients."""
+    kept = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        kept.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logprobs = module.forward_train(batch)["logprobs"]
+    logprobs.sum().backward()
+    return sum(kept), logprobs.detach(), [p.grad.clone() for p in module.model.parameters()]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_under_gradient_checkpointing_a_shared_prompt_batch_computes_exactly_what_it_did_without(
+    model_dir, qwen2_dir, family
+):
+    """Transformers drops a checkpointed layer's cache, so the shared forward checkpoints layer by layer
+    itself: the same log-probs and gradients, bit for bit, with less kept for backward."""
+    batch = grouped_rows()
+    results = []
+    for checkpointing in (False, True):
+        module = build(model_dir if family == "llama" else qwen2_dir, gradient_checkpointing=checkpointing)
+        module.train()
+        assert module.prompt_groups(batch, module.model) is not None
+        results.append(saved_bytes_and_result(module, batch))
+        flags = [getattr(m, "gradient_checkpointing", False) for m in module.model.modules()]
+        assert any(flags) == checkpointing  # the layers checkpoint again after the shared forward
+    (plain_kept, plain, plain_grads), (checkpointed_kept, checkpointed, checkpointed_grads) = results
+    assert torch.equal(plain, checkpointed)
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, checkpointed_grads, strict=True))
+    assert checkpointed_kept < 0.6 * plain_kept
+
+
+def test_a_decoder_the_layered_forward_does_not_know_runs_the_two_calls_with_checkpointing_paused(model_dir):
+    """Outside the layered families the two-call forward runs, with checkpointing off while it does."""
     batch = grouped_rows()
     results = []
     for checkpointing in (False, True):
         module = build(model_dir, gradient_checkpointing=checkpointing).train()
-        assert module.prompt_groups(batch, module.model) is not None
-        logprobs = module.forward_train(batch)["logprobs"]
-        logprobs.sum().backward()
-        results.append((logprobs.detach(), [p.grad.clone() for p in module.model.parameters()]))
-        flags = [getattr(m, "gradient_checkpointing", False) for m in module.model.modules()]
-        assert any(flags) == checkpointing
-    (plain, plain_grads), (checkpointed, checkpointed_grads) = results
-    assert torch.equal(plain, checkpointed)
-    assert all(torch.equal(a, b) for a, b in zip(plain_grads, checkpointed_grads, strict=True))
+        module.model.config.model_type = "another"  # as the layered forward sees a family it does not know
+        results.append(saved_bytes_and_result(module, batch))
+    (plain_kept, plain, plain_grads), (kept, paused, paused_grads) = results
+    assert torch.equal(plain, paused) and kept == plain_kept
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, paused_grads, strict=True))

@@ -15,6 +15,7 @@ import platform
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -426,6 +427,26 @@ def train_top_layers(model: Any, count: int) -> Any:
     for param in decoder.parameters():  # the final norm: outside the blocks, not an embedding
         if id(param) not in in_blocks and id(param) not in embeddings:
             param.requires_grad_(True)
+    return model
+
+
+def linears_in_autocast_dtype(model: Any, dtype: Any) -> Any:
+    """Store the weights and biases of ``model``'s ``nn.Linear`` layers in ``dtype`` (in place; returns
+    it): for a frozen model that only runs under ``torch.autocast(dtype=dtype)``, which casts them to
+    ``dtype`` at every product (round to nearest), so the products and everything after them are the same
+    bits, at a fraction of the memory. A weight shared with another module (an output projection tied to
+    the input embeddings, which autocast does not cast) keeps its dtype, as do norms and embeddings."""
+    import torch
+    from torch import nn
+
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is not nn.Linear or uses[id(module.weight)] > 1:
+                continue
+            module.weight = nn.Parameter(module.weight.to(dtype), requires_grad=False)
+            if module.bias is not None:
+                module.bias = nn.Parameter(module.bias.to(dtype), requires_grad=False)
     return model
 
 

@@ -224,6 +224,11 @@ class SearchFSDPLearner(SearchTorchLearner):
     def _make_modules_ddp_if_necessary(self) -> None:
         """Nothing: the module was sharded in ``_make_module``."""
 
+    @override(SearchTorchLearner)
+    def reference_in_bf16(self) -> bool:
+        """No: the sharded reference keeps fp32 shards, which FSDP gathers in its ``param_dtype``."""
+        return False
+
     def bf16(self) -> bool:
         """bf16 compute (FSDP's ``param_dtype`` and autocast): ``autocast``, or on GPU when it is None."""
         enabled = self.config.autocast

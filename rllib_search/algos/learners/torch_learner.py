@@ -14,7 +14,8 @@ It runs on RLlib's own update path; what it adds sits in RLlib's documented over
   (``no_sync``); RLlib's AMP grad scaler (``_torch_grad_scaler_class``) scales each micro-batch's loss.
   Gradients are returned on the last micro-batch only.
 - ``postprocess_gradients`` (clipping) and ``apply_gradients`` act on the last micro-batch only.
-  ``apply_gradients`` guards the step: a non-finite loss or gradient skips it (zeroed grads, Adam
+  After the step the gradients are freed (``zero_grad(set_to_none=True)``), not held until the next
+  update. ``apply_gradients`` guards the step: a non-finite loss or gradient skips it (zeroed grads, Adam
   moments untouched) and counts it in ``skipped_updates``; otherwise it writes the warmup learning rate
   into every param group and lets RLlib's ``apply_gradients`` step the optimizers.
 - ``configure_optimizers_for_module``: AdamW for the policy's trainable weights and another at
@@ -22,7 +23,9 @@ It runs on RLlib's own update path; what it adds sits in RLlib's documented over
   learner's required APIs) and without an RLlib lr schedule (the warmup is the one writer).
 
 Reference model: a frozen copy of the initial policy held by this learner (on its device), or with LoRA
-the same model with its adapters switched off (no copy). It is built from ``model_config["model"]``, so a
+the same model with its adapters switched off (no copy). Under bf16 autocast the copy's Linear weights are
+stored in bf16, as autocast reads them (``llm.models.linears_in_autocast_dtype``: the same bits, half the
+memory). It is built from ``model_config["model"]``, so a
 run that starts from a warm-started export uses that export as reference.
 
 Precision (mixed, as torch AMP): the trainable weights and so AdamW's moments are float32 master weights on
@@ -63,6 +66,7 @@ from rllib_search.algos.learners.losses import (
 )
 from rllib_search.algos.learners.search_learner import CRITIC_OPTIMIZER, POLICY_OPTIMIZER, SearchLearner
 from rllib_search.algos.model.shared_prompt import computed_positions
+from rllib_search.llm.models import linears_in_autocast_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +127,13 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             policy = self.policy()
             if not policy.uses_lora:  # with LoRA the reference is the base model, adapters off
                 self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
+                if self.reference_in_bf16():  # it only runs under autocast: its products' weights in bf16
+                    linears_in_autocast_dtype(self.reference, torch.bfloat16)
+
+    def reference_in_bf16(self) -> bool:
+        """Whether the reference's Linear weights are stored in bf16: under autocast, whose products read
+        them in bf16 anyway (the same bits, half their memory)."""
+        return self.autocast_enabled()
 
     # --- weights for the EnvRunners -------------------------------------------------------------------
     @override(SearchLearner)
@@ -215,12 +226,16 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         return factor
 
     # --- preparation (no gradients) -----------------------------------------------------------------
-    def autocast(self) -> Any:
+    def autocast_enabled(self) -> bool:
         """bf16 autocast: on by default on GPU (``autocast=None``), off on CPU unless asked for."""
         enabled = self.config.autocast
-        if enabled is None:
-            enabled = self.device.type == "cuda"
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=bool(enabled))
+        return bool(self.device.type == "cuda" if enabled is None else enabled)
+
+    def autocast(self) -> Any:
+        """The forward passes' bf16 autocast context (see :meth:`autocast_enabled`)."""
+        return torch.autocast(
+            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled()
+        )
 
     @override(SearchLearner)
     @torch.no_grad()
@@ -487,6 +502,7 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         if not self.keep_first_moments:
             self.clear_first_moments()
         self.step_optimizers(gradients_dict)
+        self.zero_grads()  # read by the step: freed now rather than held through the next rollouts
         self.optimizer_steps += 1
         for key, value in step.stats.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)

@@ -17,7 +17,7 @@ bundled alias), ``dtype`` (default float32: the learner's weights are the fp32 m
 compute comes from the learner's autocast; an EnvRunner's HF inference copy on a GPU loads in bf16),
 ``device`` (default: the GPU when there is one), ``gradient_checkpointing`` (the plain forward's decoder
 layers recompute their activations in backward: the same gradients, about half the activation memory;
-batches that share prompts run the shared-prompt forward unchanged),
+batches that share prompts checkpoint layer by layer, see ``shared_prompt.py``),
 ``lora`` (None, or ``apply_lora`` keyword arguments: only the adapters train and sync),
 ``train_top_layers`` (None, or N: only the top N blocks and the final norm train; see ``train_top_layers``
 in ``llm/models.py``), ``value_head``,
@@ -111,10 +111,9 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI):
         attention_mask = batch["attention_mask"]
         groups = self.prompt_groups(batch, model)
         if groups is not None:
-            with shared_prompt.checkpointing_paused(decoder):
-                return shared_prompt.shared_prompt_hidden_states(
-                    decoder, batch["input_ids"], attention_mask, batch["prompt_lengths"], groups
-                )
+            return shared_prompt.hidden_states(
+                decoder, batch["input_ids"], attention_mask, batch["prompt_lengths"], groups
+            )
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = decoder(
             input_ids=batch["input_ids"],

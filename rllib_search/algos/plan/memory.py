@@ -7,8 +7,9 @@ Every term is in bytes on ONE GPU. The learner's terms (:func:`learner_terms`):
 - ``gradients``: one float32 gradient per trainable parameter.
 - ``optimizer``: AdamW's two float32 moments per trainable parameter (its ``step`` counters are scalars
   that torch keeps on the host).
-- ``reference``: the frozen reference policy for the KL term, a float32 copy of the model (none without KL,
-  for SFT, or with LoRA, where the reference is the base model with its adapters off).
+- ``reference``: the frozen reference policy for the KL term, a float32 copy of the model, its Linear
+  weights in bf16 under autocast without FSDP2 (none without KL, for SFT, or with LoRA, where the
+  reference is the base model with its adapters off).
 - ``ddp buckets``: DDP's gradient buckets, a float32 copy of the gradients (several learners, unless
   ``torch_ddp_kwargs`` sets ``gradient_as_bucket_view``).
 - ``autocast cache``: autocast keeps a bf16 copy of every trainable weight a matmul reads until it exits,
@@ -200,7 +201,11 @@ def learner_terms(setup: LearnerSetup) -> Terms:
     terms.add("gradients", FP32 * trained / n)
     terms.add("optimizer", ADAM_MOMENTS * FP32 * trained / n)
     if setup.reference and setup.trainable != "lora":
-        terms.add("reference", FP32 * shape.parameters() / n)
+        if setup.autocast and setup.strategy != "fsdp2":  # Linear weights stored as autocast reads them
+            linear = shape.linear_parameters()
+            terms.add("reference", BF16 * linear + FP32 * (shape.parameters() - linear))
+        else:
+            terms.add("reference", FP32 * shape.parameters() / n)
     if setup.strategy == "ddp" and setup.num_learners > 1 and not setup.ddp_bucket_view:
         terms.add("ddp buckets", FP32 * trained)
     if setup.autocast and setup.strategy == "ddp":

@@ -90,6 +90,17 @@ class ModelShape:
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
+    def norm_parameters(self) -> int:
+        """Parameters of the RMSNorms: every block's and the final one."""
+        h = self.hidden_size
+        per_layer = 4 * h + 2 * self.head_dim if self.family == "gemma3" else 2 * h
+        return self.layers * per_layer + h
+
+    def linear_parameters(self) -> int:
+        """Parameters of the ``nn.Linear`` layers (weights and biases; an untied output head is one): all but
+        the embeddings and the norms."""
+        return self.parameters() - self.embedding_parameters() - self.norm_parameters()
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """Bytes of KV cache one token takes in every layer (keys and values, ``dtype_bytes`` each)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes

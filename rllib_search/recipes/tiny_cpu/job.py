@@ -176,7 +176,9 @@ def base_config(config: TinyCPUConfig, world: World, cls: type, model: str, data
     return (
         cls()
         .environment(ENV_ID, env_config=env_config)
-        .rl_module(model_config={"model": model})
+        # each decoder layer's activations recomputed in backward: the same gradients, bit for bit, and a
+        # fraction of the update's memory (shared-prompt batches too: see algos/model/shared_prompt.py)
+        .rl_module(model_config={"model": model, "gradient_checkpointing": True})
         .rollouts(
             max_turn_tokens=config.max_turn_tokens,
             temperature=config.temperature,
@@ -339,8 +341,6 @@ def warm_start(
         )
     sft = (
         base_config(config, world, SearchSFTConfig, config.model, world.by_hops[1])
-        # each decoder layer's activations recomputed in backward: half the SFT step's memory, same gradients
-        .rl_module(model_config={"model": config.model, "gradient_checkpointing": True})
         .training(
             lr=config.sft_lr, micro_batch_size=config.micro_batch, total_training_steps=config.sft_steps
         )
