@@ -345,6 +345,7 @@ class PrefixCachingHFEngine(HFEngine):
     # --- the decode loop ------------------------------------------------------------------------------
     def _decode(self, rows: list[_Row], params: SamplingParams, sampler: _Sampler, new_caches: dict) -> None:
         row_layers, logits = self._prefill(rows)
+        self._caches.replace({})  # read by the prefill: freed now, not held beside this call's batch cache
         lengths = [len(row.prefix) for row in rows]
         past_len, batch = max(lengths), len(rows)
         cache = self._batch_cache(row_layers, lengths, past_len, room=max(row.limit for row in rows))

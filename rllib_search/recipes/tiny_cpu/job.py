@@ -715,10 +715,10 @@ def describe_memory(peak: dict[str, Any]) -> str:
     """The job's peak memory in one line, with the three processes that held the most then."""
     largest = sorted(peak["peak_pss_mb_by_process"].items(), key=lambda item: -item[1])[:3]
     held = ", ".join(f"{label} {mb / 1024:.2f}" for label, mb in largest)
-    gigabytes = peak["peak_pss_mb"] / 1024
-    line = f"memory: peak {gigabytes:.2f} GB PSS over the job's processes, in {peak['peak_stage']} ({held})"
+    gibibytes = peak["peak_pss_mb"] / 1024  # the figures are MiB
+    line = f"memory: peak {gibibytes:.2f} GiB PSS over the job's processes, in {peak['peak_stage']} ({held})"
     by_stage = peak.get("driver_peak_rss_mb_by_stage") or {}
     if by_stage:
         stage = max(by_stage, key=by_stage.get)
-        line += f"; the driver's exact peak {by_stage[stage] / 1024:.2f} GB RSS, in {stage}"
+        line += f"; the driver's exact peak {by_stage[stage] / 1024:.2f} GiB RSS, in {stage}"
     return line
