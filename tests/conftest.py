@@ -20,6 +20,22 @@ from rllib_search.serve.retrieval.build import build_index
 from rllib_search.serve.retrieval.deployment import APP_NAME, build_retriever_app
 from tests.helpers import PASSAGES, RECORDS, build_tiny_sliding_window_lm
 
+# The files that take minutes (Tune studies, Ray jobs, a dozen actors), collected first: each pytest-xdist
+# worker runs whole files, so the longest ones starting first let the workers finish together rather than
+# one worker running a long file alone at the end.
+LONGEST_FILES = (
+    "test_placement.py",
+    "test_findings.py",
+    "test_tuned_examples.py",
+    "test_evidence.py",
+    "test_sft_trainer.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():

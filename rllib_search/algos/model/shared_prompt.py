@@ -120,7 +120,7 @@ def hidden_states(
     """Last-layer hidden states (B, T, H) of right-padded rows, each distinct prompt run once: layer by
     layer under checkpointing where the decoder allows it, else two decoder calls (see the module
     docstring)."""
-    layout = _layout(input_ids, attention_mask, prompt_lengths, groups)
+    layout = prompt_layout(input_ids, attention_mask, prompt_lengths, groups)
     checkpointed = is_checkpointed(decoder) and decoder.training and torch.is_grad_enabled()
     if checkpointed and decoder.config.get_text_config().model_type in LAYERED_MODEL_TYPES:
         prompt, continuation = layer_by_layer(decoder, layout)
@@ -131,7 +131,7 @@ def hidden_states(
 
 
 @dataclass(frozen=True)
-class _Layout:
+class PromptLayout:
     """The two parts of a shared-prompt forward: the distinct prompts (U, P) and the rows' continuations
     (B, C), with their ids, 2-D masks (the continuation's over prompt then continuation) and positions."""
 
@@ -145,9 +145,9 @@ class _Layout:
     prompt_lengths: torch.Tensor
 
 
-def _layout(
+def prompt_layout(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor, groups: PromptGroups
-) -> _Layout:
+) -> PromptLayout:
     device = input_ids.device
     width = input_ids.shape[1]
     lengths = attention_mask.long().sum(-1)
@@ -164,7 +164,7 @@ def _layout(
     offsets = torch.arange(max(1, int(continuation_lengths.max())), device=device)
     positions = prompt_lengths[:, None] + offsets[None, :]
     continuation_mask = (offsets[None, :] < continuation_lengths[:, None]).long()
-    return _Layout(
+    return PromptLayout(
         prompt_ids=input_ids[prompt_rows, :prompt_width],
         prompt_mask=prompt_mask,
         prompt_positions=steps[None, :].expand(len(prompt_rows), -1),
@@ -176,7 +176,7 @@ def _layout(
     )
 
 
-def two_decoder_calls(decoder: nn.Module, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor]:
+def two_decoder_calls(decoder: nn.Module, layout: PromptLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """Last-layer hidden states of the distinct prompts (U, P, H) and of the rows' continuations (B, C, H)
     in two decoder calls: the prompts (keeping their keys and values), then the continuations."""
     prompt_out = decoder(
@@ -197,7 +197,7 @@ def two_decoder_calls(decoder: nn.Module, layout: _Layout) -> tuple[torch.Tensor
     return prompt_out.last_hidden_state, continuation_out.last_hidden_state
 
 
-def layer_by_layer(decoder: nn.Module, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_by_layer(decoder: nn.Module, layout: PromptLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`two_decoder_calls` computed layer by layer, each layer's prompt and continuation passes
     inside one activation checkpoint (for :data:`LAYERED_MODEL_TYPES`: transformers' own loop of their
     decoders, the embeddings, rotary embeddings and causal masks built as their forward builds them)."""
@@ -255,7 +255,10 @@ def _cache_of_length(config: Any, like: torch.Tensor, length: int) -> DynamicCac
 
 
 def _batch_layout(
-    prompt_hidden: torch.Tensor, continuation_hidden: torch.Tensor, layout: _Layout, input_ids: torch.Tensor
+    prompt_hidden: torch.Tensor,
+    continuation_hidden: torch.Tensor,
+    layout: PromptLayout,
+    input_ids: torch.Tensor,
 ) -> torch.Tensor:
     """Back to the batch's (B, T, H) layout: position t of row b reads its prompt's state (t < P_b) or its
     continuation's."""
