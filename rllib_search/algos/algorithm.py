@@ -244,6 +244,9 @@ class SearchAlgorithm(Algorithm):
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
         if self.config.colocate:  # the learners leave the GPU, then the engines take their KV caches back
+            # RLlib's sync does not wait for the runners' set_state: a call queued behind it on every runner
+            # does, so that each engine holds the new weights before its learner leaves.
+            self._foreach_runner(lambda runner: runner.weights_version)
             self._learners_colocation(OFFLOAD)
             self._foreach_runner(lambda runner: runner.restore_engine())
         self._advance_reward_schedule()
