@@ -211,7 +211,7 @@ class SearchFSDPLearner(SearchTorchLearner):
         self.build_reference()
         ensure_process_group(self.device)
         mesh = init_device_mesh(self.device.type, (torch.distributed.get_world_size(),))
-        param_dtype = torch.bfloat16 if self.bf16() else None
+        param_dtype = torch.bfloat16 if self.autocast_enabled() else None  # bf16 gathers under autocast
         policy = module[DEFAULT_MODULE_ID]
         shard(policy, policy.model, mesh, param_dtype)
         if self.reference is not None:
@@ -228,11 +228,6 @@ class SearchFSDPLearner(SearchTorchLearner):
     def reference_in_bf16(self) -> bool:
         """No: the sharded reference keeps fp32 shards, which FSDP gathers in its ``param_dtype``."""
         return False
-
-    def bf16(self) -> bool:
-        """bf16 compute (FSDP's ``param_dtype`` and autocast): ``autocast``, or on GPU when it is None."""
-        enabled = self.config.autocast
-        return bool(self.device.type == "cuda" if enabled is None else enabled)
 
     # --- scoring: every pass through an FSDP root --------------------------------------------------
     @override(SearchTorchLearner)

@@ -66,11 +66,14 @@ class ModelShape:
         tensors += [h * self.intermediate_size] * 3  # gate, up, down
         if self.mlp_bias:
             tensors += [self.intermediate_size, self.intermediate_size, h]
-        norms = 4 if self.family == "gemma3" else 2
-        tensors += [h] * norms
+        return tensors + self.layer_norm_tensors()
+
+    def layer_norm_tensors(self) -> list[int]:
+        """The element counts of one decoder block's norm weights."""
+        h, hd = self.hidden_size, self.head_dim
         if self.family == "gemma3":
-            tensors += [hd, hd]  # q_norm, k_norm
-        return tensors
+            return [h] * 4 + [hd, hd]  # four block norms, q_norm, k_norm
+        return [h, h]
 
     def tensors(self) -> list[int]:
         """The element counts of every parameter tensor of the causal LM (tied embeddings counted once)."""
@@ -92,9 +95,7 @@ class ModelShape:
 
     def norm_parameters(self) -> int:
         """Parameters of the RMSNorms: every block's and the final one."""
-        h = self.hidden_size
-        per_layer = 4 * h + 2 * self.head_dim if self.family == "gemma3" else 2 * h
-        return self.layers * per_layer + h
+        return self.layers * sum(self.layer_norm_tensors()) + self.hidden_size
 
     def linear_parameters(self) -> int:
         """Parameters of the ``nn.Linear`` layers (weights and biases; an untied output head is one): all but
