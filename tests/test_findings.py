@@ -322,6 +322,21 @@ def test_each_finding_says_the_turn_budget_it_was_measured_at():
     assert study.experiment_name(masking, on, 48) != study.experiment_name(masking, on, 64)
 
 
+def test_a_finding_measured_with_another_judge_is_trained_again():
+    """The evidence finding carried over from a run with another judge (or none recorded) is trained again;
+    findings that need no judge are kept whatever the judge."""
+    runner = _findings_script()
+    masking, evidence = study.BY_KEY["masking"], study.BY_KEY["evidence"]
+    run = {"max_turn_tokens": {"search_r1": 48, "r_search": 128}, "judge": runner.JUDGE}
+    measured = {"status": "run", "max_turn_tokens": 128}
+    carried = {"masking": {"status": "run", "max_turn_tokens": 48}, "evidence": {**measured}}
+    assert runner.to_run([masking, evidence], carried, run, fresh=False) == [evidence]
+    carried["evidence"]["judge"] = {**runner.JUDGE, "examples": 0}
+    assert runner.to_run([masking, evidence], carried, run, fresh=False) == [evidence]
+    carried["evidence"]["judge"] = dict(runner.JUDGE)
+    assert runner.to_run([masking, evidence], carried, run, fresh=False) == []
+
+
 def test_the_committed_report_is_what_the_code_writes_from_the_committed_results(tmp_path):
     """docs/findings.md is the report this module writes from docs/findings/findings.json and the re-checks
     beside it (only the generation time differs): its labels are the code's, not the run's."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rllib_search.recipes.r_search import CPU_JUDGE_SPEC
 from rllib_search.serve.judge.deployment import DEPLOYMENT_NAME as JUDGE_DEPLOYMENT
 from rllib_search.serve.judge.deployment import build_judge_app
 from rllib_search.serve.retrieval.deployment import DEPLOYMENT_NAME as RETRIEVER_DEPLOYMENT
@@ -115,6 +116,10 @@ def test_embedded_apps_never_reuse_nor_delete_a_users_apps(
 
     judge_spec, judge_started = embedded.serve_judge(str(judge_model_dir))
     assert judge_started and judge_spec["app"].startswith("embedded-judge-")
+    # the embedded judge prompts as the CPU R-Search recipe's does (worked examples, plain completions)
+    assert {key: judge_spec[key] for key in ("api", "examples")} == {
+        key: CPU_JUDGE_SPEC[key] for key in ("api", "examples")
+    }
     assert embedded.serve_judge(str(judge_model_dir)) == (judge_spec, False)
 
     embedded.stop_apps([embedded.RETRIEVER_APP, embedded.JUDGE_APP])

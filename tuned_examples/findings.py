@@ -62,10 +62,14 @@ from rllib_search.recipes import r_search_grpo, search_r1_grpo
 from rllib_search.recipes.findings import check as checking
 from rllib_search.recipes.findings import study
 from rllib_search.recipes.jobs import RecipeJob, job_arguments, output_directory
+from rllib_search.recipes.scales import CPU_JUDGE, CPU_JUDGE_EXAMPLES
 from rllib_search.recipes.sweeps import fit_or_restore, restored_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MINILM = "all-minilm-l6-v2"
+# The evidence judge the study serves (recipes/embedded.serve_judge's defaults): a finding that needs a judge
+# and was measured with another is trained again.
+JUDGE = {"model": CPU_JUDGE, "examples": CPU_JUDGE_EXAMPLES}
 SIZES = {  # iterations are --iterations (default: 10; smoke 1)
     "embedded": {"seeds": (0, 1, 2), "per_hop": 50, "warm_start": 8, "weak_warm_start": 3},
     # The smoke runs one finding (its two arms, Tune, the evaluation and the report: the path every finding
@@ -158,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "weak_warm_start_steps": args.weak_warm_start_steps or size["weak_warm_start"],
         "main_warm_start": main_warm_start,
         "max_turn_tokens": turn_budgets(job, main_warm_start),
+        "judge": JUDGE,
         "machine": machine(),
     }
     (job.out / "run.json").write_text(json.dumps(run, indent=2))
@@ -354,13 +359,15 @@ def to_run(
     findings: list[study.Finding], carried: dict[str, dict[str, Any]], run: dict[str, Any], *, fresh: bool
 ) -> list[study.Finding]:
     """The findings to train: all with ``fresh``; otherwise those without every arm's results carried over,
-    or carried over from a turn budget other than the one their base recipe has now."""
+    or carried over from a turn budget other than the one their base recipe has now, or (those that need a
+    judge) from another judge than the run's."""
     return [
         finding
         for finding in findings
         if fresh
         or carried.get(finding.key, {}).get("status") != "run"
         or study.measured_turn_budget(finding, carried[finding.key]) != run["max_turn_tokens"][finding.base]
+        or ("judge" in finding.needs and carried[finding.key].get("judge") != run.get("judge"))
     ]
 
 
@@ -482,6 +489,8 @@ def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
             analysis = {**study.analyse(finding, trials, warm_start), "max_turn_tokens": budget}
             if "machine" in run:  # where the arms under ``out`` ran (runs before this recorded none)
                 analysis["machine"] = run["machine"]
+            if "judge" in finding.needs and "judge" in run:
+                analysis["judge"] = run["judge"]
             results[finding.key] = analysis
     study.report(run, results, markdown, json_path)
     say(f"wrote {markdown} and {json_path}")

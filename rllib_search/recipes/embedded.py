@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rllib_search.data.records import QARecord
-from rllib_search.recipes.scales import CPU_JUDGE
+from rllib_search.recipes.scales import CPU_JUDGE, CPU_JUDGE_EXAMPLES
 from rllib_search.serve.http.ports import free_port
 
 # The app names of a user's own deployment (tuned_examples/serve_*.yaml), which paper-scale runs reach.
@@ -139,10 +139,13 @@ def serve_retriever(index_dir: str | Path, *, num_cpus: float = 0.0) -> tuple[di
     return {"type": "serve", "app": name, "timeout_s": 120}, started
 
 
-def serve_judge(model: str = CPU_JUDGE, *, num_cpus: float = 0.0) -> tuple[dict[str, Any], bool]:
+def serve_judge(
+    model: str = CPU_JUDGE, *, examples: int = CPU_JUDGE_EXAMPLES, num_cpus: float = 0.0
+) -> tuple[dict[str, Any], bool]:
     """The evidence judge ``model`` as its own Serve app (:func:`judge_app_name`, at the route prefix of
     that name), started unless it runs already; returns the env_config spec that reaches it in-cluster
-    (plain completions, greedy; its ``"app"`` is the app's name) and whether this call started it."""
+    (plain completions, greedy, ``examples`` worked examples before R-Search's template; its ``"app"`` is
+    the app's name) and whether this call started it."""
     from rllib_search.serve.judge.deployment import build_judge_app
 
     name = judge_app_name(model)
@@ -158,6 +161,7 @@ def serve_judge(model: str = CPU_JUDGE, *, num_cpus: float = 0.0) -> tuple[dict[
         "app": name,
         "api": "completions",
         "max_tokens": 32,
+        "examples": examples,
         "timeout_s": 300,
     }, started
 

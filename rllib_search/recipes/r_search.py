@@ -18,7 +18,13 @@ from typing import Any
 
 from rllib_search.algos import SearchGRPOConfig
 from rllib_search.env.search_env import ENV_ID
-from rllib_search.recipes.scales import at_cpu_scale, at_paper_scale, check_scale, env_settings
+from rllib_search.recipes.scales import (
+    CPU_JUDGE_EXAMPLES,
+    at_cpu_scale,
+    at_paper_scale,
+    check_scale,
+    env_settings,
+)
 
 PAPER_MODEL = "Qwen/Qwen2.5-7B-Instruct"
 PAPER_ENV = {
@@ -31,16 +37,14 @@ PAPER_ENV = {
 # The paper's judge through our deployment in-cluster (``serve judge --engine vllm --model
 # meta-llama/Llama-3.2-3B-Instruct``): chat API, temperature 0.1 as R-Search.
 PAPER_JUDGE = {"type": "serve", "app": "judge", "api": "chat", "temperature": 0.1, "max_tokens": 32}
-# The bundled Gemma-3-270M is a base model: given R-Search's template alone it answers in sentences, so its
-# prompts carry 4 worked examples before the verbatim template (the variant benchmarks/judge_bench.py
-# chooses on its development questions; it reports the judge's accuracy on held-out ones).
+# The bundled Gemma-3-270M, greedy, worked examples before R-Search's template (scales.CPU_JUDGE_EXAMPLES).
 CPU_JUDGE_SPEC = {
     "type": "serve",
     "app": "judge",
     "api": "completions",
     "temperature": 0.0,
     "max_tokens": 32,
-    "examples": 4,
+    "examples": CPU_JUDGE_EXAMPLES,
 }
 
 

@@ -8,6 +8,10 @@ Scale = Literal["paper", "cpu"]
 
 CPU_POLICY = "smollm2-135m-instruct"
 CPU_JUDGE = "gemma3-270m"
+# The bundled Gemma-3-270M is a base model: given R-Search's template alone it answers in sentences, so its
+# prompts carry this many worked examples before the verbatim template (the variant
+# benchmarks/judge_bench.py chooses on its development questions; it reports the accuracy on held-out ones).
+CPU_JUDGE_EXAMPLES = 4
 
 # Budgets for two CPU cores: short turns and contexts, few questions an iteration (the main job's).
 CPU_ENV = {"max_turns": 3, "topk": 2, "max_obs_tokens": 100, "max_total_tokens": 1024}
