@@ -1,6 +1,8 @@
 """Rollout benchmark: the LLMEnvRunner's multi-turn rollout against the raw engine, side by side.
 
-For each model (a tiny Llama trained for a few steps to search, and the bundled SmolLM2-135M-Instruct):
+For each model (a tiny Llama and the bundled SmolLM2-135M-Instruct, each trained for a few steps to open
+its answers with a search turn, so that every episode searches; ``--smollm2 DIR`` takes another SmolLM2,
+such as the main job's warm start):
 
 - rollout: ``LLMEnvRunner.sample()`` on the synthetic world with an in-process BM25 retriever (search_r1
   protocol, stop strings, up to 3 turns) and its default engine (``PrefixCachingHFEngine``): generated
@@ -50,6 +52,7 @@ from rllib_search import ENV_ID
 from rllib_search.algos.config import SearchConfig
 from rllib_search.algos.rollouts.env_runner import LLMEnvRunner
 from rllib_search.data.synthetic import SyntheticWorldConfig, generate_world
+from rllib_search.env.protocols import get_protocol
 from rllib_search.llm.engines import SamplingParams
 from rllib_search.llm.engines.hf import HFEngine
 from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
@@ -57,16 +60,27 @@ from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer, te
 from rllib_search.serve.retrieval.bm25 import BM25Retriever
 
 ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2 = "smollm2-135m-instruct"
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
 
 from benchmarks.results_file import write_results  # noqa: E402
+
+SEARCH_TURN = "<think> look </think>\n<search> lead singer </search> and then more words"
 
 
 def searching_tiny_model(out: Path, questions: list[str]) -> Path:
     """A tiny Llama trained for a few steps to open answers with a search turn (so stop strings fire)."""
     base = build_tiny_causal_lm(out / "base", build_tiny_tokenizer(out / "tok"))
-    text = "<think> look </think>\n<search> lead singer </search> and then more words"
-    return teach_to_emit(base, out / "trained", questions, text)
+    return teach_to_emit(base, out / "trained", questions, SEARCH_TURN)
+
+
+def searching_smollm2(out: Path, questions: list[str]) -> Path:
+    """The bundled SmolLM2-135M-Instruct trained for a few steps to open its answers to the rollout's own
+    prompts (Search-R1's instruction around each question) with a search turn: as instructed, it mostly
+    answers at once, and a rollout without searches measures no turns."""
+    instruction = get_protocol("search_r1").instruction
+    prompts = [instruction.format(question=question) for question in questions]
+    return teach_to_emit(SMOLLM2, out / "smollm2_searching", prompts, SEARCH_TURN, steps=24, lr=5e-5)
 
 
 def tokens_after_stop(runner: LLMEnvRunner, rollouts) -> int:
@@ -195,6 +209,11 @@ def main() -> None:
     parser.add_argument(
         "--group-size", type=int, default=4, help="samples a question (episodes stay the same)"
     )
+    parser.add_argument(
+        "--smollm2",
+        help="a SmolLM2 that searches on Search-R1's prompt, e.g. the main job's warm_start_model/ (default: "
+        "the bundled one taught a search turn in a few steps)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     world = generate_world(SyntheticWorldConfig(num_passages=500, num_train=64, num_test=8))
@@ -205,13 +224,16 @@ def main() -> None:
         "group_size": args.group_size,
         "torch_threads": torch.get_num_threads(),
     }
+    results["smollm2_model"] = args.smollm2 or "bundled SmolLM2-135M-Instruct, taught a search turn"
     group = args.group_size
     with tempfile.TemporaryDirectory() as tmp:
-        tiny = searching_tiny_model(Path(tmp), [r.question for r in world.train[:8]])
+        questions = [r.question for r in world.train[:8]]
+        tiny = searching_tiny_model(Path(tmp), questions)
+        smollm2 = args.smollm2 or str(searching_smollm2(Path(tmp), questions))
         runs = {
             "tiny": (str(tiny), (32 if args.quick else 64) // group, group, 40, 3 if args.quick else 7),
             "smollm2-135m-instruct": (
-                "smollm2-135m-instruct",
+                smollm2,
                 (8 if args.quick else 16) // group,
                 group,
                 24 if args.quick else 48,

@@ -5,6 +5,7 @@ that resumes instead of retraining; plus the study's pure parts (verdicts, the a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -217,6 +218,21 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, 
         shutil.copytree(experiment, other / "tune" / experiment.name.replace("__32_tokens", "__48_tokens"))
     in_process("--smoke", "--report-only", "--out", str(other), "--json", str(tmp_path / "other.json"))
     assert json.loads((tmp_path / "other.json").read_text())["findings"]["masking"]["status"] == "not yet run"
+    # Arm by arm across sessions: another --out holds only the "masking on" experiment (and the same warm
+    # start); the results file holds "masking off"'s trials. The report analyses them together.
+    partial = tmp_path / "partial"
+    (partial / "tune").mkdir(parents=True)
+    (partial / "run.json").write_text((out / "run.json").read_text())
+    shutil.copytree(out / "warm_start_eval", partial / "warm_start_eval")
+    on_name = study.experiment_name(study.BY_KEY["masking"], study.BY_KEY["masking"].arm("masking on"), 32)
+    shutil.copytree(out / "tune" / on_name, partial / "tune" / on_name)
+    half = json.loads((out / "findings.json").read_text())
+    half["findings"]["masking"]["arms"]["masking on"] = {"status": "not yet run"}
+    (tmp_path / "half.json").write_text(json.dumps(half))
+    in_process("--smoke", "--report-only", "--out", str(partial), "--json", str(tmp_path / "half.json"))
+    merged = json.loads((tmp_path / "half.json").read_text())["findings"]["masking"]
+    assert merged["status"] == "run" and merged["comparisons"][0]["em_gain"] == comparison["em_gain"]
+    assert merged["arms"]["masking off"]["trials"] == masking["arms"]["masking off"]["trials"]
     # A run with other settings carries nothing over (its arms are not the same experiment).
     assert runner.carried_over(out / "findings.json", moved["run"]).keys() == {"masking"}
     assert runner.carried_over(out / "findings.json", {**moved["run"], "iterations": 2}) == {}
@@ -320,6 +336,42 @@ def test_each_finding_says_the_turn_budget_it_was_measured_at():
     on = masking.arm("masking on")
     assert study.experiment_name(masking, on, 64) == "masking__masking_on__64_tokens"
     assert study.experiment_name(masking, on, 48) != study.experiment_name(masking, on, 64)
+
+
+def test_trials_carry_over_arm_by_arm_only_from_the_same_budget_judge_and_warm_start():
+    runner = _findings_script()
+    evidence = study.BY_KEY["evidence"]
+    answers = [{"uid": "q1", "answer": "Vorvaux", "golden_answers": ["Vorvaux"], "hops": 1}]
+    trial = {"seed": 0, "iterations": 2, "held_out_em": 1.0, "answers": answers, "curve": [0.5, 1.0]}
+    analysis = study.analyse(evidence, {"evidence reward off": [trial]}, warm_start=answers)
+    assert analysis["status"] == "partly run" and analysis["arms"]["evidence reward off"]["trials"] == [trial]
+    run = {"max_turn_tokens": {"search_r1": 48, "r_search": 128}, "judge": runner.JUDGE}
+    carried = {"evidence": {**analysis, "max_turn_tokens": 128, "judge": runner.JUDGE}}
+    assert runner.reusable_trials(evidence, carried, run, answers) == {"evidence reward off": [trial]}
+    assert runner.reusable_trials(evidence, carried, run, None) == {"evidence reward off": [trial]}
+    other_warm_start = [{**answers[0], "answer": "Luebrisk"}]
+    assert runner.reusable_trials(evidence, carried, run, other_warm_start) == {}
+    assert runner.reusable_trials(evidence, carried, {**run, "judge": None}, answers) == {}
+    other_budget = {**run, "max_turn_tokens": {"search_r1": 48, "r_search": 64}}
+    assert runner.reusable_trials(evidence, carried, other_budget, answers) == {}
+    # Arms analysed before trials were recorded cannot be analysed again.
+    bare = {name: {k: v for k, v in arm.items() if k != "trials"} for name, arm in analysis["arms"].items()}
+    assert study.carried_trials({**analysis, "arms": bare}) == {}
+
+
+def test_a_main_warm_start_is_the_same_setting_from_any_folder():
+    base = {key: None for key in study.RUN_SETTINGS}
+    here = {
+        **base,
+        "main_warm_start": {"model": "/tmp/a/warm_start_model", "weights_sha256": "ab", "topk": 2},
+    }
+    there = {
+        **base,
+        "main_warm_start": {"model": "/work/b/warm_start_model", "weights_sha256": "ab", "topk": 2},
+    }
+    assert study.same_run_settings(here, there)
+    other = {**there, "main_warm_start": {**there["main_warm_start"], "weights_sha256": "cd"}}
+    assert not study.same_run_settings(here, other) and study.same_run_settings(base, dict(base))
 
 
 def test_a_finding_measured_with_another_judge_is_trained_again():
@@ -502,8 +554,10 @@ def test_the_main_job_warm_start_is_read_and_checked_against_the_world(tmp_path)
     (tmp_path / "summary.json").write_text(json.dumps({"settings": settings}))
     with pytest.raises(ValueError, match="pass --seed 1000"):
         runner.read_main_warm_start(str(tmp_path), 0)
+    (tmp_path / "warm_start_model" / "model.safetensors").write_bytes(b"weights")
     main = runner.read_main_warm_start(str(tmp_path), 1000)
-    assert main == {**settings, "model": str(tmp_path / "warm_start_model")}
+    digest = hashlib.sha256(b"weights").hexdigest()
+    assert main == {**settings, "model": str(tmp_path / "warm_start_model"), "weights_sha256": digest}
     run = {"main_warm_start": main}
     assert runner.uses_main_warm_start(study.BY_KEY["losses"], run)
     assert not runner.uses_main_warm_start(study.BY_KEY["lambda_format"], run)  # weak by design

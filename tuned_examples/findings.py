@@ -33,12 +33,16 @@ checkpoints (``tune.Tuner.restore``; ``--fresh`` starts over), so the full study
 can span sessions. It also spans machines: a finding whose every arm is already analysed in the results
 file (``--json``, committed) with the same run settings and at its base recipe's turn budget is kept, not
 run again, and the report merges it with what ran here (with nothing left to run, no Ray is started); one
-measured at another turn budget is trained again. An arm's Tune experiment is named with its turn budget
-(``masking__masking_on__64_tokens``), so one trained at another budget is neither resumed nor reported
-as this one. It writes ``docs/findings.md`` (one table: each arm's held-out EM with its 95% interval, the
-paper's direction and whether it reproduced here; learning-curve PNGs under ``docs/findings/``) and
-``docs/findings/findings.json``, from every arm's results found under ``--out`` ("not yet run" for
-the rest); ``--smoke`` writes them under ``--out`` instead.
+measured at another turn budget is trained again. Within a finding, an arm whose trials the results file
+holds (same settings, and a warm start that answers the held-out questions as this run's does) is kept
+too: the other arms train and the report analyses them together, so a long finding can grow an arm at a
+time, e.g. ``--findings losses`` on one machine today and again tomorrow. An arm's Tune experiment is
+named with its turn budget (``masking__masking_on__64_tokens``), so one trained at another budget is
+neither resumed nor reported as this one. It writes ``docs/findings.md`` (one table: each arm's held-out
+EM with its 95% interval, the paper's direction and whether it reproduced here; learning-curve PNGs under
+``docs/findings/``) and ``docs/findings/findings.json`` (each arm's trials with their answers), from every
+arm's results found under ``--out`` ("not yet run" for the rest); ``--smoke`` writes them under ``--out``
+instead.
 
     python tuned_examples/findings.py                       # the whole study: 7 findings, 3 seeds, SmolLM2
     python tuned_examples/findings.py --findings masking,evidence --seeds 0,1,2 --iterations 10
@@ -53,6 +57,7 @@ committed report is left alone; ``rllib_search/recipes/findings/check.py`` says 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report(job.out, markdown, json_path, job.say)
         return 0
     with job:
-        train(job, pending, arms, run, seeds, args)
+        train(job, pending, arms, run, seeds, args, carried)
         write_report(job.out, markdown, json_path, job.say)
     return 0
 
@@ -229,11 +234,22 @@ def read_main_warm_start(directory: str, world_seed: int) -> dict[str, Any]:
         )
     return {
         "model": str(model),
+        "weights_sha256": weights_digest(model),
         "world_seed": int(settings["world_seed"]),
         "protocol": str(settings["protocol"]),
         "max_turn_tokens": int(settings["max_turn_tokens"]),
         "topk": int(settings["topk"]),
     }
+
+
+def weights_digest(model: Path) -> str:
+    """The sha256 of a saved model's weight files (what identifies a warm start across folders)."""
+    digest = hashlib.sha256()
+    for path in sorted(model.glob("*.safetensors")) or sorted(model.glob("*.bin")):
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def uses_main_warm_start(finding: study.Finding, run: dict[str, Any]) -> bool:
@@ -260,8 +276,11 @@ def train(
     run: dict[str, Any],
     seeds: Any,
     args: Any,
+    carried: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Train ``arms`` of ``findings`` (each finding's from its shared warm start) inside a started job."""
+    """Train ``arms`` of ``findings`` (each finding's from its shared warm start) inside a started job, but
+    those whose trials ``carried`` holds from the same settings and warm start (:func:`reusable_trials`)."""
+    carried = carried or {}
     held_out = [
         record
         for hops in run["hops"]
@@ -277,10 +296,22 @@ def train(
         f"arm, {len(held_out)} held-out questions"
     )
     for finding in findings:
+        budget = run["max_turn_tokens"][finding.base]
         base = base_recipe(job, finding, run, context, args)
-        evaluate_warm_start(job, finding, base, held_out, run["max_turn_tokens"][finding.base])
+        evaluate_warm_start(job, finding, base, held_out, budget)
+        kept = (
+            {}
+            if args.fresh
+            else reusable_trials(finding, carried, run, warm_start_answers(job.out, finding, budget))
+        )
         for arm in finding.arms:
             if arm.name not in arms[finding.key]:
+                continue
+            if arm.name in kept:
+                job.say(
+                    f"{finding.key}: arm {arm.name!r}: its trials are in the results file (same settings "
+                    "and warm start); kept"
+                )
                 continue
             config = study.arm_config(base, arm, context)
             config = config.held_out(dataset=held_out, interval=job.iterations, answers=True)
@@ -455,7 +486,7 @@ def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, An
     if not json_path.exists():
         return {}
     earlier = json.loads(json_path.read_text())
-    if any(earlier.get("run", {}).get(key) != run.get(key) for key in study.RUN_SETTINGS):
+    if not study.same_run_settings(earlier.get("run", {}), run):
         return {}
     return {
         finding.key: {**analysis, "max_turn_tokens": study.measured_turn_budget(finding, analysis)}
@@ -463,6 +494,29 @@ def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, An
         if (analysis := earlier.get("findings", {}).get(finding.key, {})).get("status")
         in ("run", "partly run")
     }
+
+
+def reusable_trials(
+    finding: study.Finding,
+    carried: dict[str, dict[str, Any]],
+    run: dict[str, Any],
+    warm_start: list[dict[str, Any]] | None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Arm name -> trials of ``finding`` that an earlier run recorded (``carried``, same run settings) and
+    that this run may analyse with its own: measured at this run's turn budget (and judge), from a warm
+    start that answered the held-out questions as this run's did (``warm_start``; None: not evaluated
+    here, e.g. a report rewritten on another machine)."""
+    analysis = carried.get(finding.key)
+    if not analysis:
+        return {}
+    if study.measured_turn_budget(finding, analysis) != run["max_turn_tokens"][finding.base]:
+        return {}
+    if "judge" in finding.needs and analysis.get("judge") != run.get("judge"):
+        return {}
+    earlier = analysis.get("warm_start_eval", {}).get("answers")
+    if warm_start is not None and earlier is not None and earlier != warm_start:
+        return {}
+    return study.carried_trials(analysis)
 
 
 def arms_run(analysis: dict[str, Any] | None) -> int:
@@ -484,8 +538,15 @@ def write_report(out: Path, markdown: Path, json_path: Path, say: Any) -> None:
     for finding in study.FINDINGS:
         budget = budgets[finding.base]
         trials = analysed_experiments(out, finding, budget)
+        for records in trials.values():  # where the arms under ``out`` ran
+            for record in records:
+                record.setdefault("machine", run.get("machine"))
+        warm_start = warm_start_answers(out, finding, budget)
+        earlier = results.get(finding.key, {})
+        if trials and run:  # arms trained elsewhere, from the same warm start, are analysed with these
+            trials = {**reusable_trials(finding, results, run, warm_start), **trials}
         if trials and len(trials) >= arms_run(results.get(finding.key)):
-            warm_start = warm_start_answers(out, finding, budget)
+            warm_start = warm_start or earlier.get("warm_start_eval", {}).get("answers")
             analysis = {**study.analyse(finding, trials, warm_start), "max_turn_tokens": budget}
             if "machine" in run:  # where the arms under ``out`` ran (runs before this recorded none)
                 analysis["machine"] = run["machine"]

@@ -374,18 +374,19 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "the arms differ on 1-hop answers only (EM 0.58 on, 0.62 off), and no seed in either arm "
-            "answered a held-out 2-hop question, where R-Search reports most of the evidence's gain (its "
-            "ablation also removes the evidence from the rollout; here only the reward is switched). In 10 "
-            "iterations of 8 episodes the evidence term (the served Gemma-3-270M judge's answer F1 from the "
-            "policy's quoted evidence, added with weight 1 as in R-Search's eq. 6; the 0.2 of eq. 5 is γ_e, "
-            "the format reward for a well-formed evidence box) was above 0 in 19 of 30 sampled iterations, "
-            "17 of them "
-            "iterations whose own answers scored too, so it mostly rescaled the advantages of episodes "
-            "GRPO reinforced anyway: the two arms sampled the same answers for their first 9, 7 and 5 "
-            "iterations (seeds 0, 1, 2) and end 1-3 held-out answers apart a seed (off 0.29, 0.30, 0.34; "
-            "on 0.27, 0.29, 0.31). At a 64-token budget four answer turns in five were cut "
-            "mid-evidence and seed 0 fell to invalid actions in both arms; at 128 tokens none did"
+            "with the evidence reward on, held-out EM fell on 1-hop questions (0.50 vs 0.62) and rose on "
+            "2-hop ones (0.027, 4 of 150 answers, vs 0), where R-Search reports most of the evidence's gain "
+            "(its ablation also removes the evidence from the rollout; here only the reward is switched). "
+            "In 10 iterations of 8 episodes the evidence term (the judge's answer F1 from the policy's "
+            "quoted evidence, added with weight 1 as in R-Search's eq. 6; the 0.2 of eq. 5 is γ_e, the "
+            "format reward for a well-formed evidence box) was above 0 in 21 of 30 sampled iterations, 19 "
+            "of them iterations whose own answers scored too, so it mostly added to the reward of episodes "
+            "GRPO reinforced anyway: the two arms sampled the same answers for their first 10, 7 and 5 "
+            "iterations (seeds 0, 1, 2) and end 1-7 held-out answers apart a seed (off 0.29, 0.30, 0.34; on "
+            "0.28, 0.23, 0.28). Both arms end below their warm start (0.45: 1-hop 0.90, 2-hop 0.00): ten "
+            "iterations of RL from this warm start cost 1-hop answers in either arm. At a 64-token budget "
+            "four answer turns in five were cut mid-evidence and seed 0 fell to invalid actions in both "
+            "arms; at 128 tokens none did"
         ),
     ),
 )
@@ -569,7 +570,9 @@ def analyse(
     complete = {}
     warm = {a["uid"]: _correct(a) for a in warm_start} if warm_start else None
     for arm in finding.arms:
-        trials = [t for t in trials_by_arm.get(arm.name, []) if t["answers"]]
+        trials = sorted(
+            (t for t in trials_by_arm.get(arm.name, []) if t["answers"]), key=lambda t: str(t["seed"])
+        )
         if not trials:
             arms[arm.name] = {"status": "not yet run"}
             continue
@@ -597,7 +600,13 @@ def analyse(
             "training_answer_reward_mean": (
                 sum(sum(c) / len(c) for c in curves) / len(curves) if curves else None
             ),
+            # The trials themselves: a later run (another session or machine) analyses them again with the
+            # arms it trains (tuned_examples/findings.py carries them over arm by arm).
+            "trials": trials,
         }
+        machines = _unique(t["machine"] for t in trials if t.get("machine"))
+        if machines:
+            arms[arm.name]["machines"] = machines
         if warm is not None:
             arms[arm.name]["gain_over_warm_start"] = _seed_gain(_differences(correct, warm))
     comparisons = []
@@ -646,6 +655,23 @@ def analyse(
             "answers": warm_start,
         }
     return analysis
+
+
+def _unique(items: Any) -> list[Any]:
+    """``items`` without repeats (compared as JSON), in order."""
+    seen: dict[str, Any] = {}
+    for item in items:
+        seen.setdefault(json.dumps(item, sort_keys=True), item)
+    return list(seen.values())
+
+
+def carried_trials(analysis: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+    """Arm name -> its trials, for each arm an earlier :func:`analyse` recorded trials of (arms analysed
+    before trials were kept have none: they cannot be analysed again with new arms)."""
+    arms = (analysis or {}).get("arms", {})
+    return {
+        name: arm["trials"] for name, arm in arms.items() if arm.get("status") == "run" and arm.get("trials")
+    }
 
 
 def _status(finding: Finding, arms: dict[str, Any]) -> str:
@@ -798,6 +824,36 @@ RUN_SETTINGS = (
 )
 
 
+def same_run_settings(earlier: dict[str, Any], run: dict[str, Any]) -> bool:
+    """Whether two runs' settings (:data:`RUN_SETTINGS`) match; a main job's warm start is compared by its
+    weights and settings, not by the folder it was read from."""
+
+    def settings(document: dict[str, Any]) -> dict[str, Any]:
+        values = {key: document.get(key) for key in RUN_SETTINGS}
+        if values["main_warm_start"]:
+            values["main_warm_start"] = {k: v for k, v in values["main_warm_start"].items() if k != "model"}
+        return values
+
+    return settings(earlier) == settings(run)
+
+
+def judges_text(results: dict[str, dict[str, Any]]) -> str:
+    """The judge each finding that needs one was measured with (``findings.py`` records it)."""
+    lines = []
+    for finding in FINDINGS:
+        analysis = results.get(finding.key)
+        if "judge" not in finding.needs or not analysis or analysis.get("status") == "not yet run":
+            continue
+        judge = analysis.get("judge")
+        text = (
+            f"`{judge['model']}`, greedy, {judge['examples']} worked examples before R-Search's template"
+            if judge
+            else "the bare template (recorded before judges were)"
+        )
+        lines.append(f"{text} ({finding.title})")
+    return "; ".join(lines) or "—"
+
+
 def machine_line(machine: dict[str, Any]) -> str:
     """One line of a run's recorded machine (``tuned_examples/findings.py``'s ``machine()``)."""
     from rllib_search.llm.models import describe_cpu
@@ -813,9 +869,10 @@ def machines_text(results: dict[str, dict[str, Any]]) -> str:
         analysis = results.get(finding.key)
         if analysis is None or analysis.get("status") == "not yet run":
             continue
-        machine = analysis.get("machine")
-        line = machine_line(machine) if machine else "not recorded"
-        by_machine.setdefault(line, []).append(finding.title)
+        machines = _unique(m for arm in analysis.get("arms", {}).values() for m in arm.get("machines", []))
+        for machine in machines or [analysis.get("machine")]:
+            line = machine_line(machine) if machine else "not recorded"
+            by_machine.setdefault(line, []).append(finding.title)
     return "; ".join(f"{line} ({', '.join(titles)})" for line, titles in by_machine.items()) or "—"
 
 
@@ -848,6 +905,7 @@ def report(
         "- turn budget (tokens a turn may generate) the findings were measured at: "
         f"{turn_budgets_text(results)}",
         f"- machine (fp32 on the CPU; `--check` re-runs arms elsewhere): {machines_text(results)}",
+        f"- evidence judge: {judges_text(results)}",
         "- EM: held-out exact match, the mean of the seeds' EMs, with a 95% two-level bootstrap interval "
         "(seeds drawn, then each drawn seed's questions; † marks findings analysed before seed-aware "
         "intervals, whose intervals resample (seed, question) pairs); ΔEM: the paired per-question "
