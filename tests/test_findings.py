@@ -374,6 +374,13 @@ def test_a_main_warm_start_is_the_same_setting_from_any_folder():
     assert not study.same_run_settings(here, other) and study.same_run_settings(base, dict(base))
 
 
+def test_a_finding_that_serves_a_judge_runs_one_trial_at_a_time_unless_asked():
+    runner = _findings_script()
+    masking, evidence = study.BY_KEY["masking"], study.BY_KEY["evidence"]
+    assert runner.trials_at_once(evidence, None) == 1 and runner.trials_at_once(masking, None) is None
+    assert runner.trials_at_once(evidence, 2) == 2 and runner.trials_at_once(masking, 3) == 3
+
+
 def test_a_finding_measured_with_another_judge_is_trained_again():
     """The evidence finding carried over from a run with another judge (or none recorded) is trained again;
     findings that need no judge are kept whatever the judge."""

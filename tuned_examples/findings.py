@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(  # Tune schedules by CPUs: on a machine with more cores than RAM for them, cap it
         "--max-concurrent",
         type=int,
-        help="trials at once (default: one a CPU; a SmolLM2 trial holds 6-7 GB, so 24 GB fit two)",
+        help="trials at once (default: one a CPU, one for the findings that serve a judge; a SmolLM2 trial "
+        "holds up to 10 GB and the served Gemma judge up to 5 GB); an arm's experiment keeps the value it "
+        "started with when resumed (then --num-cpus 1 runs one trial at a time)",
     )
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming")
     parser.add_argument(
@@ -471,11 +473,20 @@ def run_arm(
         name=study.experiment_name(finding, arm, max_turn_tokens),
         iterations=job.iterations,
         fresh=args.fresh,
-        max_concurrent=args.max_concurrent,
+        max_concurrent=trials_at_once(finding, args.max_concurrent),
         say=job.say,
         what=f"arm {arm.name!r}",
         keep_checkpoints=False,  # 14 arms x 3 seeds x ~1.6 GB would not fit; results are all the report reads
     )
+
+
+def trials_at_once(finding: study.Finding, asked: int | None) -> int | None:
+    """How many of an arm's trials run at once: ``asked``, else one a CPU (None), but one for a finding
+    that serves a judge: two SmolLM2 trials and the judge's replica overflow 24 GB, and on two cores two
+    trials take as long as one after the other."""
+    if asked is not None:
+        return asked
+    return 1 if "judge" in finding.needs else None
 
 
 def carried_over(json_path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
