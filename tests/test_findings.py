@@ -5,7 +5,6 @@ that resumes instead of retraining; plus the study's pure parts (verdicts, the a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ import pytest
 from rllib_search.llm.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from rllib_search.recipes import search_r1_grpo
 from rllib_search.recipes.findings import study
+from rllib_search.recipes.tiny_cpu.answer_cache import weights_digest
 from tests.helpers import tuned_example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -563,7 +563,7 @@ def test_the_main_job_warm_start_is_read_and_checked_against_the_world(tmp_path)
         runner.read_main_warm_start(str(tmp_path), 0)
     (tmp_path / "warm_start_model" / "model.safetensors").write_bytes(b"weights")
     main = runner.read_main_warm_start(str(tmp_path), 1000)
-    digest = hashlib.sha256(b"weights").hexdigest()
+    digest = weights_digest(tmp_path / "warm_start_model")
     assert main == {**settings, "model": str(tmp_path / "warm_start_model"), "weights_sha256": digest}
     run = {"main_warm_start": main}
     assert runner.uses_main_warm_start(study.BY_KEY["losses"], run)

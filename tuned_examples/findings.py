@@ -57,7 +57,6 @@ committed report is left alone; ``rllib_search/recipes/findings/check.py`` says 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -69,6 +68,7 @@ from rllib_search.recipes.findings import study
 from rllib_search.recipes.jobs import RecipeJob, job_arguments, output_directory
 from rllib_search.recipes.scales import CPU_JUDGE, CPU_JUDGE_EXAMPLES
 from rllib_search.recipes.sweeps import fit_or_restore, restored_results
+from rllib_search.recipes.tiny_cpu.answer_cache import weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 MINILM = "all-minilm-l6-v2"
@@ -236,22 +236,12 @@ def read_main_warm_start(directory: str, world_seed: int) -> dict[str, Any]:
         )
     return {
         "model": str(model),
-        "weights_sha256": weights_digest(model),
+        "weights_sha256": weights_digest(model),  # the warm start, whatever its folder
         "world_seed": int(settings["world_seed"]),
         "protocol": str(settings["protocol"]),
         "max_turn_tokens": int(settings["max_turn_tokens"]),
         "topk": int(settings["topk"]),
     }
-
-
-def weights_digest(model: Path) -> str:
-    """The sha256 of a saved model's weight files (what identifies a warm start across folders)."""
-    digest = hashlib.sha256()
-    for path in sorted(model.glob("*.safetensors")) or sorted(model.glob("*.bin")):
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 24), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def uses_main_warm_start(finding: study.Finding, run: dict[str, Any]) -> bool:
@@ -399,9 +389,16 @@ def to_run(
         for finding in findings
         if fresh
         or carried.get(finding.key, {}).get("status") != "run"
-        or study.measured_turn_budget(finding, carried[finding.key]) != run["max_turn_tokens"][finding.base]
-        or ("judge" in finding.needs and carried[finding.key].get("judge") != run.get("judge"))
+        or not measured_as_this_run(finding, carried[finding.key], run)
     ]
+
+
+def measured_as_this_run(finding: study.Finding, analysis: dict[str, Any], run: dict[str, Any]) -> bool:
+    """Whether ``finding``'s carried-over ``analysis`` was measured at this run's turn budget and, for a
+    finding that needs one, with this run's judge."""
+    if study.measured_turn_budget(finding, analysis) != run["max_turn_tokens"][finding.base]:
+        return False
+    return "judge" not in finding.needs or analysis.get("judge") == run.get("judge")
 
 
 def base_recipe(
@@ -518,11 +515,7 @@ def reusable_trials(
     start that answered the held-out questions as this run's did (``warm_start``; None: not evaluated
     here, e.g. a report rewritten on another machine)."""
     analysis = carried.get(finding.key)
-    if not analysis:
-        return {}
-    if study.measured_turn_budget(finding, analysis) != run["max_turn_tokens"][finding.base]:
-        return {}
-    if "judge" in finding.needs and analysis.get("judge") != run.get("judge"):
+    if not analysis or not measured_as_this_run(finding, analysis, run):
         return {}
     earlier = analysis.get("warm_start_eval", {}).get("answers")
     if warm_start is not None and earlier is not None and earlier != warm_start:
