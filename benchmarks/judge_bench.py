@@ -38,7 +38,7 @@ Prints a final JSON line and writes ``benchmarks/results/judge.json`` and ``judg
 with ``--quick``; ``--dtype bfloat16`` adds ``_bfloat16``; another model adds its name), with the commit and
 the machine (``benchmarks/results_file.py``).
 
-    python benchmarks/judge_bench.py            # full run (37 minutes on 2 cores shared with other jobs)
+    python benchmarks/judge_bench.py            # full run (5 minutes on 2 cores)
     python benchmarks/judge_bench.py --quick    # the same steps on fewer questions and evidences
 """
 

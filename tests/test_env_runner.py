@@ -141,14 +141,14 @@ def test_group_ids_are_unique_across_data_sources(tiny_model_dir, retriever):
     assert {r.data_source for r in first} == {"nq", "hotpotqa"}
 
 
-def test_a_model_with_sliding_window_layers_rolls_out_on_the_plain_engine(tmp_path, world, retriever):
-    """Gemma-3's sliding-window layers keep only their window: the runner picks HFEngine, which reads each
-    whole prefix, instead of the prefix-caching engine."""
-    from rllib_search.llm.engines.hf import HFEngine
+def test_a_sliding_window_model_rolls_out_on_the_prefix_caching_engine(tmp_path, world, retriever):
+    """Gemma-3's sliding-window layers are served by the prefix-caching engine too (exact: tested in
+    test_prefix_cache_engine)."""
+    from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 
     model_dir = build_tiny_sliding_window_lm(tmp_path / "gemma", build_tiny_tokenizer(tmp_path / "tok"))
     runner = LLMEnvRunner(config=make_config(model_dir, world.train, retriever, max_turn_tokens=6))
-    assert type(runner.engine) is HFEngine
+    assert type(runner.engine) is PrefixCachingHFEngine
     rollouts = runner.sample()
     assert len(rollouts) == 6 and all(r.num_generated_tokens > 0 for r in rollouts)
 

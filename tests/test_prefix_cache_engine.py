@@ -203,31 +203,45 @@ def test_prefill_passes_group_similar_new_token_counts(engines):
 
 @pytest.mark.parametrize("window", [64, 16], ids=["calls-fit", "calls-overflow"])
 def test_sliding_window_models_give_hf_engines_outputs(tmp_path, window):
-    """A Gemma-3 with a sliding-window layer: calls that fit in the window run on this engine (its own
-    prefill and decode), calls that do not are handed to HFEngine; both give HFEngine's greedy output."""
+    """A Gemma-3 with a sliding-window layer runs on this engine (kept caches, prefill passes, decode) and
+    gives HFEngine's greedy output, also once prefixes outgrow the window (16 tokens) and prefill passes
+    mix rows with different numbers of new tokens."""
     from rllib_search.llm.tiny import build_tiny_tokenizer
     from tests.helpers import build_tiny_sliding_window_lm
 
     path = build_tiny_sliding_window_lm(tmp_path / "gemma", build_tiny_tokenizer(tmp_path / "tok"), window)
     model, tokenizer = load_causal_lm(str(path))
-    assert not PrefixCachingHFEngine.supports(model)
+    assert PrefixCachingHFEngine.supports(model)
     plain, cached = HFEngine(model, tokenizer), PrefixCachingHFEngine(model, tokenizer, min_shared_tokens=4)
-    assert cached.window == window
-    prefixes = [tokenizer.encode(q) for q in QUESTIONS]  # 10 to 20 tokens
+    start = tokenizer.encode("Answer the question below in a few words.")
+    prefixes = [start + tokenizer.encode(q) for q in QUESTIONS]  # a shared start, then 10 to 20 tokens
     params = SamplingParams(temperature=0.0, max_new_tokens=12, stop=STOPS)
     limits = [12, 5, 9]
-    for _turn in range(2):
+    observations = [" then", " and after that the answer is", " so"]  # new-token counts that differ
+    for _turn in range(3):
         expected = plain.generate(prefixes, params, limits)
         fed = cached.fed_tokens
         got = cached.generate(prefixes, params, limits)
         assert [s.token_ids for s in got] == [s.token_ids for s in expected]
         for segment, reference in zip(got, expected):
             torch.testing.assert_close(segment.logprobs, reference.logprobs, atol=1e-4, rtol=1e-4)
-        ran_here = cached.fed_tokens > fed
-        assert ran_here == (max(map(len, prefixes)) + max(limits) <= window)
-        prefixes = [p + s.token_ids + tokenizer.encode(" then") for p, s in zip(prefixes, got)]
-    if window == 64:
-        assert cached.cached_tokens > 0  # the second turn reused the first turn's caches
+        assert cached.fed_tokens > fed
+        prefixes = [p + s.token_ids + tokenizer.encode(o) for p, s, o in zip(prefixes, got, observations)]
+    assert max(map(len, prefixes)) > 2 * window or window == 64
+    assert cached.cached_tokens > 0  # later turns reused the earlier turns' caches
+
+
+def test_a_prefill_pass_feeds_kept_tokens_again_instead_of_padding(engines):
+    """Rows with fewer new tokens than their pass's widest feed their last kept tokens again, so no padding
+    sits between a row's cache and its new tokens (a sliding-window mask counts columns)."""
+    _, cached, _ = engines
+    layers = [(torch.zeros(1, 2, 6, 4), torch.ones(1, 2, 6, 4))]
+    key = tuple(range(6))
+    assert cached._without_last((key, layers), 0) == (key, layers)
+    shorter, shorter_layers = cached._without_last((key, layers), 2)
+    assert shorter == key[:4] and shorter_layers[0][0].shape == (1, 2, 4, 4)
+    assert cached._without_last((key, layers), 6) == ((), [])
+    assert cached._without_last((key, layers), 9) == ((), [])
 
 
 def test_kept_caches_find_the_longest_proper_prefix():
@@ -291,7 +305,9 @@ def test_a_template_start_shared_by_different_prompts_is_fed_once(engines, tempe
     params = SamplingParams(temperature=temperature, max_new_tokens=12, stop=STOPS, seed=2)
     fed_before = cached.fed_tokens
     got = cached.generate(prefixes, params, [1, 1, 1])
-    assert cached.fed_tokens - fed_before == shared + sum(len(p) - shared for p in prefixes)
+    # The start once, then one pass as wide as the longest rest: shorter rows feed shared tokens again
+    # where they would have padding.
+    assert cached.fed_tokens - fed_before == shared + len(prefixes) * max(len(p) - shared for p in prefixes)
     got = cached.generate(prefixes, params)
     if temperature == 0.0:
         assert [s.token_ids for s in got] == [s.token_ids for s in plain.generate(prefixes, params)]

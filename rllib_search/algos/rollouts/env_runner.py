@@ -229,7 +229,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         from rllib_search.llm.engines.hf_prefix_cache import PrefixCachingHFEngine
 
         # Both share the module's weights. Keeping KV caches across turns is the default for rollouts
-        # (models with sliding-window layers, whose caches drop old positions, use the plain engine).
+        # (models whose cache layers it does not know, such as linear attention's, use the plain engine).
         prefix_cache = options.pop("prefix_cache", True) and PrefixCachingHFEngine.supports(self.module.model)
         engine_cls = PrefixCachingHFEngine if prefix_cache else HFEngine
         return engine_cls(self.module.model, self.tokenizer, **options)

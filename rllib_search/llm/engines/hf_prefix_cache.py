@@ -29,11 +29,13 @@ already stopped until the last row stops. This engine runs its own decode loop i
 - the stop-string check decodes a row's last tokens only after a token whose text holds a stop string's
   last character (or a partial UTF-8 byte): other tokens cannot complete a stop string.
 
-Models with sliding-window layers (Gemma-3) run here while a call fits in their window: when every row's
-prefix plus its token limit is at most the window, no position ever falls out of it, so full-attention
-caches give exactly the sliding-window model's outputs (the attention mask still applies the window, which
-never binds). A call that does not fit is handed to ``HFEngine`` (the model's own sliding caches) and the
-kept caches are dropped. Short calls, such as an evidence judge's, get the whole engine.
+Models with sliding-window layers (Gemma-3) run here too. Their caches are kept whole, and the model's
+sliding-window mask, which compares a query's and a key's column in the batch, hides the keys out of the
+window, so the outputs are exactly the sliding-window model's as long as a row's columns are its positions
+shifted by its left padding. The decode batch is built that way; a prefill pass, whose rows feed different
+numbers of new tokens, would leave padding between a row's kept cache and its new tokens, so each such row
+instead feeds again the last kept tokens that the padding would take (the pass is as wide either way), or
+its whole prefix when its cache is shorter than the padding.
 
 All rows of a call share one decode batch (``max_batch_size`` is not used here; ``prefill_tokens`` bounds
 a prefill pass). Only the caches made by the latest call are kept: in a lock-step rollout every next
@@ -172,8 +174,8 @@ class PrefixCachingHFEngine(HFEngine):
     ``prefill_tokens`` bounds the (padded) tokens of one prefill forward pass: a call's new tokens are fed
     in several passes when they exceed it. Prefixes with no kept cache that start alike for at least
     ``min_shared_tokens`` tokens (different questions after one prompt template) prefill that start once.
-    A model with sliding-window layers is served here only by the calls that fit in its window
-    (``window``; see the module docstring); :meth:`supports` tells whether every call is.
+    Models with sliding-window layers are served exactly (see the module docstring); :meth:`supports`
+    tells whether a model's cache layers are ones this engine knows.
     ``exact_products`` (default on; only CPU fp32 products are affected) serves each forward pass's linear
     layers by an :class:`~rllib_search.llm.engines.exact_products.ExactProducts`, kept as ``products``.
     """
@@ -187,7 +189,9 @@ class PrefixCachingHFEngine(HFEngine):
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.window = self.attention_window(self.model)
+        if not self.supports(self.model):
+            name = type(self.model).__name__
+            raise ValueError(f"PrefixCachingHFEngine does not know the cache layers of {name}; use HFEngine")
         self.prefill_tokens = prefill_tokens
         self.min_shared_tokens = min_shared_tokens
         self._caches = _KeptCaches()
@@ -205,21 +209,10 @@ class PrefixCachingHFEngine(HFEngine):
 
     @staticmethod
     def supports(model) -> bool:
-        """Whether every call runs on this engine: every layer of ``model`` keeps a full-attention cache."""
-        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-
-    @staticmethod
-    def attention_window(model) -> int | None:
-        """The smallest sliding window of ``model``'s layers (None when every layer attends to every
-        position); other cache kinds (linear attention, ...) are refused."""
+        """Whether ``model``'s cache layers all attend to every position or to a sliding window (others, such
+        as linear attention's, hold state this engine cannot keep per row)."""
         layers = DynamicCache(config=model.config).layers
-        unknown = {type(layer).__name__ for layer in layers} - {"DynamicLayer", "DynamicSlidingWindowLayer"}
-        if unknown:
-            raise ValueError(
-                f"PrefixCachingHFEngine does not know the cache layers {sorted(unknown)}; use HFEngine"
-            )
-        windows = [layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)]
-        return min(windows) if windows else None
+        return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
     def reset_cache(self) -> None:
         self._caches.replace({})
@@ -237,10 +230,6 @@ class PrefixCachingHFEngine(HFEngine):
     ) -> list[Segment]:
         """Continue each row by one segment, feeding only the tokens no kept cache covers."""
         call = [_Row(i, list(prefixes[i]), limits[i], [], []) for i in rows]
-        widest = max(len(row.prefix) for row in call) + max(row.limit for row in call)
-        if self.window is not None and widest > self.window:
-            self.reset_cache()  # the plain engine keeps none; ours would not match the next call anyway
-            return super()._generate_rows(prefixes, limits, rows, params)
         new_caches: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         with self.inference():
             sampler = _Sampler(params.temperature, params.top_p, self.generator(params.seed))
@@ -268,14 +257,16 @@ class PrefixCachingHFEngine(HFEngine):
         cached = [self._caches.longest_prefix_of(prefix) for prefix in prefixes]
         self._share_common_start(prefixes, cached)
         new_counts = [len(prefix) - len(key) for prefix, (key, _) in zip(prefixes, cached)]
-        self.cached_tokens += sum(len(key) for key, _ in cached)
-        self.fed_tokens += sum(new_counts)
         layers: list[list] = [[] for _ in prefixes]
         logits: list[torch.Tensor | None] = [None] * len(prefixes)
         for group in self._prefill_passes(new_counts):
+            width = max(new_counts[i] for i in group)
+            for i in group:  # no padding between a row's kept cache and its new tokens
+                cached[i] = self._without_last(cached[i], width - new_counts[i])
+            self.cached_tokens += sum(len(cached[i][0]) for i in group)
+            self.fed_tokens += sum(len(prefixes[i]) - len(cached[i][0]) for i in group)
             group_cached = [cached[i] for i in group]
             past_len = max(len(key) for key, _ in group_cached)
-            width = max(new_counts[i] for i in group)
             input_ids = torch.full((len(group), width), self.pad_token_id, dtype=torch.long)
             attention = torch.zeros((len(group), past_len + width), dtype=torch.long)
             positions = torch.zeros((len(group), width), dtype=torch.long)
@@ -302,6 +293,18 @@ class PrefixCachingHFEngine(HFEngine):
                 logits[i] = group_logits[b]
         order = [distinct[tuple(row.prefix)] for row in rows]
         return [layers[i] for i in order], torch.stack([logits[i] for i in order])
+
+    @staticmethod
+    def _without_last(cached: tuple, count: int) -> tuple:
+        """A kept cache (tokens, per-layer keys and values) without its last ``count`` positions, which the
+        row then feeds again in place of padding; none at all when it is not longer than ``count``."""
+        key, layers = cached
+        if count == 0:
+            return cached
+        if len(key) <= count:
+            return (), []
+        keep = len(key) - count
+        return key[:keep], [(k[:, :, :keep], v[:, :, :keep]) for k, v in layers]
 
     def _share_common_start(self, prefixes: list[tuple[int, ...]], cached: list[tuple]) -> None:
         """Prefill once the tokens that every prefix without a kept cache starts with (a prompt template's

@@ -193,8 +193,8 @@ def _build_engine(model: str, engine: str, device: str | None, dtype: str, optio
     hf_model, tokenizer = load_causal_lm(path, device=device, dtype=torch_dtype)
     hf_model.eval()
     # The prefix-caching engine prefills the template's shared start once, feeds prompts in passes of
-    # similar length and drops finished answers from the decode batch (Gemma-3's sliding window never binds
-    # on judge-sized calls; longer ones go to HFEngine inside it).
+    # similar length and drops finished answers from the decode batch (exact for Gemma-3's sliding window
+    # too, when worked examples make a prompt longer than it).
     options.setdefault("min_shared_tokens", 16)
     return PrefixCachingHFEngine(hf_model, tokenizer, **options), tokenizer, hf_model.config
 
