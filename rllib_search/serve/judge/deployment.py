@@ -45,6 +45,7 @@ from rllib_search.serve.http.validation import (
     validate,
     validation_message,
 )
+from rllib_search.serve.replicas import GRACEFUL_SHUTDOWN_CHECK_S
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +208,9 @@ def _torch_threads() -> int:
 
 # Requests above max_ongoing_requests wait in the caller's router; waiting in the batch queue is cheaper
 # and makes bigger batches (as the retriever, see serve/retrieval/deployment.py).
-@serve.deployment(name=DEPLOYMENT_NAME, max_ongoing_requests=256)
+@serve.deployment(
+    name=DEPLOYMENT_NAME, max_ongoing_requests=256, graceful_shutdown_wait_loop_s=GRACEFUL_SHUTDOWN_CHECK_S
+)
 @serve.ingress(http_app)
 class JudgeDeployment:
     """A replica: one frozen language model behind an engine of ``llm/engines``.
