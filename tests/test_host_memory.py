@@ -1,13 +1,16 @@
-"""Freed host memory goes back to the OS, and weight snapshots round-trip exactly through disk."""
+"""Freed host memory goes back to the OS, and weight snapshots round-trip exactly through disk and mix in
+place."""
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import numpy as np
 import pytest
+import torch
 
-from rllib_search.llm.host_memory import release_free_heap
+from rllib_search.llm.host_memory import collect_and_release, release_free_heap
 from rllib_search.recipes.tiny_cpu.weight_interpolation import WeightStore, interpolate_weights
 from rllib_search.serve.memory import resident_memory_mb
 
@@ -21,6 +24,43 @@ def test_free_heap_pages_go_back_to_the_os():
     assert release_free_heap()
     assert held - resident_memory_mb() > 150
     assert len(last) == 64 * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_memory_held_by_a_dead_reference_cycle_goes_back_to_the_os():
+    class Holder:
+        pass
+
+    gc.disable()  # as between two runs of the cycle collector
+    try:
+        holder = Holder()
+        holder.self = holder  # a cycle: reference counting alone never frees it
+        holder.blocks = [bytearray(b"x" * 64 * 1024) for _ in range(4000)]  # 250 MB
+        last = bytearray(b"y" * 64 * 1024)  # a live block above the others
+        del holder
+        release_free_heap()
+        held = resident_memory_mb()
+        assert collect_and_release()
+        assert held - resident_memory_mb() > 150
+        assert len(last) == 64 * 1024
+    finally:
+        gc.enable()
+
+
+def test_weights_mixed_in_place_equal_the_mix_bit_for_bit():
+    rng = np.random.default_rng(1)
+    start = {"m": {"w": rng.standard_normal((8, 4), dtype=np.float32), "step": np.arange(2)}}
+    end = {"m": {"w": rng.standard_normal((8, 4), dtype=np.float32), "step": np.arange(2) + 5}}
+    expected = interpolate_weights(start, end, 0.25)
+    into = end["m"]["w"]
+    mixed = interpolate_weights(start, end, 0.25, in_place=True)
+    assert mixed["m"]["w"] is into and np.array_equal(mixed["m"]["w"], expected["m"]["w"])
+    assert np.array_equal(mixed["m"]["step"], [5, 6])
+    tensors = {"w": torch.from_numpy(rng.standard_normal(6, dtype=np.float32))}
+    target = {"w": torch.zeros(6)}
+    reference = interpolate_weights(tensors, target, 0.5)
+    assert interpolate_weights(tensors, target, 0.5, in_place=True)["w"] is target["w"]
+    assert torch.equal(target["w"], reference["w"])
 
 
 def test_weight_snapshots_round_trip_exactly(tmp_path):

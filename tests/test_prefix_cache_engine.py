@@ -303,11 +303,15 @@ def test_a_template_start_shared_by_different_prompts_is_fed_once(engines, tempe
     shared = next(n for n in range(len(prefixes[0])) if len({tuple(p[: n + 1]) for p in prefixes}) > 1)
     assert shared >= cached.min_shared_tokens
     params = SamplingParams(temperature=temperature, max_new_tokens=12, stop=STOPS, seed=2)
-    fed_before = cached.fed_tokens
+    fed_before, cached_before = cached.fed_tokens, cached.cached_tokens
     got = cached.generate(prefixes, params, [1, 1, 1])
     # The start once, then one pass as wide as the longest rest: shorter rows feed shared tokens again
     # where they would have padding.
-    assert cached.fed_tokens - fed_before == shared + len(prefixes) * max(len(p) - shared for p in prefixes)
+    width = max(len(p) - shared for p in prefixes)
+    assert cached.fed_tokens - fed_before == shared + len(prefixes) * width
+    # Reused: what each row kept of the start, but for the row that kept most (it was computed for it).
+    kept = [len(p) - width for p in prefixes]
+    assert cached.cached_tokens - cached_before == sum(kept) - max(kept)
     got = cached.generate(prefixes, params)
     if temperature == 0.0:
         assert [s.token_ids for s in got] == [s.token_ids for s in plain.generate(prefixes, params)]

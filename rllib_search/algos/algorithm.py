@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import ray
+import tree
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -87,6 +88,14 @@ from rllib_search.algos.rollouts.sampler import ShuffledSampler
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
+
+
+def _detached(leaf: Any) -> Any:
+    """A weight leaf no live tensor shares: numpy views are copied, arrays owning their data kept."""
+    if isinstance(leaf, np.ndarray):
+        return leaf if leaf.flags.owndata else leaf.copy()
+    return copy.deepcopy(leaf)
+
 
 IN_FLIGHT = "one_step_off_sample"  # the tag of a launched one-step-off sample
 
@@ -240,9 +249,7 @@ class SearchAlgorithm(Algorithm):
             (LEARNER_RESULTS, "trained_tokens_per_s"), trained / max(seconds, 1e-9), window=1
         )
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-            self.env_runner_group.sync_weights(
-                from_worker_or_learner_group=self.learner_group, inference_only=True
-            )
+            self.sync_runner_weights()
         if self.config.colocate:  # the learners leave the GPU, then the engines take their KV caches back
             # RLlib's sync does not wait for the runners' set_state: a call queued behind it on every runner
             # does, so that each engine holds the new weights before its learner leaves.
@@ -691,18 +698,29 @@ class SearchAlgorithm(Algorithm):
     def policy_weights(self) -> dict[str, Any]:
         """A copy of the policy's weights as the learners hold them (``load_policy_weights`` puts it back):
         a snapshot, e.g. of the iteration a validation reading prefers."""
-        # A local learner's state is numpy views of the live tensors: copied, or the next update changes it.
+        # A local learner's state may hold numpy views of the live tensors: those are copied, or the next
+        # update changes them; arrays that own their data are copies already (RLlib casts floats anew).
         with self.learners_onloaded():
-            return copy.deepcopy(self.learner_group.get_weights())
+            return tree.map_structure(_detached, self.learner_group.get_weights())
+
+    def sync_runner_weights(self) -> None:
+        """The learners' weights to every EnvRunner (RLlib's ``sync_weights``, inference-only). With no
+        remote runner they go straight to the local one: RLlib's sync would also ``ray.put`` them, a
+        policy-sized write into the object store that nothing reads."""
+        group = self.env_runner_group
+        if group.num_remote_env_runners() or group.local_env_runner is None:
+            group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+            return
+        component = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"
+        state = self.learner_group.get_state(components=component, inference_only=True)
+        group.local_env_runner.set_state(state[COMPONENT_LEARNER])
 
     def load_policy_weights(self, weights: dict[str, Any]) -> None:
         """Put ``policy_weights()`` back on every learner and EnvRunner (the optimizer state is kept)."""
         self._drain_sample_in_flight()
         with self.learners_onloaded():
             self.learner_group.set_weights(weights)
-            self.env_runner_group.sync_weights(
-                from_worker_or_learner_group=self.learner_group, inference_only=True
-            )
+            self.sync_runner_weights()
             self._push_to_remote_runners(weights=True)
 
     def retune_optimizer(self, lr: float | None = None, momentum: bool = True) -> None:

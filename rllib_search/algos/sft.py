@@ -112,9 +112,7 @@ class SearchSFT(SearchAlgorithm):
                 batch=batch, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False
             )
         self.metrics.aggregate(results, key=LEARNER_RESULTS)
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group, inference_only=True
-        )
+        self.sync_runner_weights()
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         state = super().get_state(*args, **kwargs)

@@ -3,7 +3,8 @@
 A CPU learner's update and an engine's batched generation allocate activations and caches of hundreds of
 MB and free them when done; glibc keeps what was freed inside its heap for reuse, so a process's resident
 memory stays at its largest step's. ``release_free_heap`` hands those free pages back (glibc's
-``malloc_trim``), so that between steps a job holds what it uses.
+``malloc_trim``), so that between steps a job holds what it uses; ``collect_and_release`` first frees what
+only Python's cycle collector would.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import sys
 
 
@@ -32,3 +34,10 @@ def release_free_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def collect_and_release() -> bool:
+    """Collect garbage, then ``release_free_heap``: for objects that die in reference cycles (an RLlib
+    algorithm and its learner do), whose memory Python frees only when its cycle collector runs."""
+    gc.collect()
+    return release_free_heap()

@@ -249,14 +249,3 @@ def warm_start(
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(result.checkpoint.path, out)
     return out
-
-
-def release_freed_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (``llm.host_memory``): the SFT learner's
-    weights, optimizer state and activations, freed when the warm start ends, before RL builds its own."""
-    import gc
-
-    from rllib_search.llm.host_memory import release_free_heap
-
-    gc.collect()
-    release_free_heap()

@@ -438,7 +438,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 envs, episodes, ends.terminated, ends.truncated
             )
         ]
-        release_free_heap()  # the batch's caches, freed: back to the OS, not kept at the largest batch's size
+        # Every episode has ended: no later call continues the engine's kept caches. Freed, and the batch's
+        # memory handed back to the OS rather than kept at the largest batch's size.
+        self.engine.reset_cache()
+        release_free_heap()
         return rollouts, policy.generated_tokens, policy.generate_seconds, ends.judged
 
     def _enter_reward_stage(self, index: int) -> None:

@@ -112,7 +112,8 @@ class Engine(abc.ABC):
         ``level`` is vLLM's sleep level (None: the engine's own)."""
 
     def reset_cache(self) -> None:  # noqa: B027 (an optional hook: a no-op by default)
-        """Forget any cached keys and values (the weights changed outside ``load_weights``)."""
+        """Forget any cached keys and values (the weights changed outside ``load_weights``, or no later
+        call continues the sequences cached)."""
 
     def wake_up(self) -> None:  # noqa: B027
         """Take back what :meth:`sleep` released (no-op unless the engine supports it)."""

@@ -255,14 +255,19 @@ class PrefixCachingHFEngine(HFEngine):
             distinct.setdefault(tuple(row.prefix), len(distinct))
         prefixes = list(distinct)
         cached = [self._caches.longest_prefix_of(prefix) for prefix in prefixes]
-        self._share_common_start(prefixes, cached)
+        sharing = self._share_common_start(prefixes, cached)
         new_counts = [len(prefix) - len(key) for prefix, (key, _) in zip(prefixes, cached)]
         layers: list[list] = [[] for _ in prefixes]
         logits: list[torch.Tensor | None] = [None] * len(prefixes)
-        for group in self._prefill_passes(new_counts):
+        passes = self._prefill_passes(new_counts)
+        for group in passes:
             width = max(new_counts[i] for i in group)
             for i in group:  # no padding between a row's kept cache and its new tokens
                 cached[i] = self._without_last(cached[i], width - new_counts[i])
+        # The shared start was computed once, for the row that kept most of it: that row reused none.
+        self.cached_tokens -= max((len(cached[i][0]) for i in sharing), default=0)
+        for group in passes:
+            width = max(new_counts[i] for i in group)
             self.cached_tokens += sum(len(cached[i][0]) for i in group)
             self.fed_tokens += sum(len(prefixes[i]) - len(cached[i][0]) for i in group)
             group_cached = [cached[i] for i in group]
@@ -306,19 +311,20 @@ class PrefixCachingHFEngine(HFEngine):
         keep = len(key) - count
         return key[:keep], [(k[:, :, :keep], v[:, :, :keep]) for k, v in layers]
 
-    def _share_common_start(self, prefixes: list[tuple[int, ...]], cached: list[tuple]) -> None:
+    def _share_common_start(self, prefixes: list[tuple[int, ...]], cached: list[tuple]) -> set[int]:
         """Prefill once the tokens that every prefix without a kept cache starts with (a prompt template's
-        instructions before each question), and give it to them as their kept cache. Skipped under
-        ``min_shared_tokens``, where one more forward pass would cost more than it saves."""
+        instructions before each question), and give it to them as their kept cache; return which prefixes
+        got it. Skipped under ``min_shared_tokens``, where one more forward pass would cost more than it
+        saves."""
         fresh = [i for i, (key, _) in enumerate(cached) if not key]
         if len(fresh) < 2:
-            return
+            return set()
         width = min(len(prefixes[i]) for i in fresh) - 1  # each prefix keeps one token at least to feed
         starts = np.array([prefixes[i][:width] for i in fresh])
         same = (starts == starts[0]).all(axis=0)
         shared = width if same.all() else int(same.argmin())
         if shared < self.min_shared_tokens:
-            return
+            return set()
         tokens = list(prefixes[fresh[0]][:shared])
         cache = self._batch_cache([], [], past_len=0, room=shared)
         self._forward(
@@ -331,7 +337,7 @@ class PrefixCachingHFEngine(HFEngine):
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         for i in fresh:
             cached[i] = (tuple(tokens), layers)
-        self.cached_tokens -= shared  # computed once here: the first row did not reuse it
+        return set(fresh)
 
     def _prefill_passes(self, new_counts: list[int]) -> list[list[int]]:
         """Group prefixes (indices into ``new_counts``) into forward passes: longest first, a new pass when

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rllib_search.llm.host_memory import collect_and_release
 from rllib_search.recipes.process_memory import JobMemory
 from rllib_search.recipes.tiny_cpu.config import TinyCPUConfig
 
@@ -295,7 +296,6 @@ def warm_start(
     from rllib_search.algos.rollouts.demonstrations import teacher_rollouts, turns_over_budget
     from rllib_search.env.search_env import MultiTurnSearchEnv, SearchEnvConfig
     from rllib_search.llm.models import load_tokenizer
-    from rllib_search.recipes import embedded
     from rllib_search.recipes.tiny_cpu.calibration import (
         ForkCalibration,
         calibrate_forks,
@@ -398,7 +398,6 @@ def warm_start(
     evaluate(sft, "after warm start")
     directory = sft.export(Path(config.out) / "warm_start_model")
     sft.stop()
-    embedded.release_freed_memory()  # the SFT learner's memory back to the OS before GRPO builds its own
     return WarmStart(directory, calibration, len(over))
 
 
@@ -525,7 +524,9 @@ def train_rl(
         mixes.append({"alpha": 1.0, **best_validation(validations)})
         fractions = sorted(set(config.rl_interpolate), reverse=True)  # from RL's end towards the warm start
         for alpha in fractions:
-            mixed = interpolate_weights(snapshots.load("warm_start"), snapshots.load("end"), alpha)
+            mixed = interpolate_weights(
+                snapshots.load("warm_start"), snapshots.load("end"), alpha, in_place=True
+            )
             grpo.load_policy_weights(mixed)
             validation = {"alpha": alpha, **validate(kept_iteration)}
             if validation["correct"] > max(mix["correct"] for mix in mixes):  # a tie keeps the one nearer RL
@@ -696,6 +697,9 @@ def run(config: TinyCPUConfig, precision_measured: bool = False) -> dict[str, An
         evaluate = HeldOutEvaluation(config, world, progress, memory)
         memory.stage("warm start")
         warm = warm_start(config, world, evaluate, progress, memory)
+        # The SFT algorithm is garbage once warm_start returns, but its learner (weights, AdamW state) sits
+        # in reference cycles: collected and handed back to the OS here, before RL builds its own.
+        collect_and_release()
         rl = None
         if config.rl_iterations:
             memory.stage("rl")

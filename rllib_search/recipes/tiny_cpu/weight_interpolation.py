@@ -21,30 +21,35 @@ import numpy as np
 import torch
 
 
-def interpolate_weights(start: Any, end: Any, alpha: float) -> Any:
+def interpolate_weights(start: Any, end: Any, alpha: float, in_place: bool = False) -> Any:
     """``(1 - alpha) * start + alpha * end`` over two weight trees of the same layout (dicts of numpy
     arrays or tensors, as ``SearchAlgorithm.policy_weights()`` returns them); floating-point leaves are
     mixed in their own dtype, any other leaf (integer buffers, step counts) is taken from ``end``.
-    ``alpha`` 0 gives ``start``'s values and 1 ``end``'s."""
+    ``alpha`` 0 gives ``start``'s values and 1 ``end``'s. ``in_place``: the mix is written into ``end``'s
+    arrays (the same values, bit for bit), so no third tree of the policy's size exists at once."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
     if isinstance(end, dict):
         if not isinstance(start, dict) or start.keys() != end.keys():
             raise ValueError("the two weight trees differ in their keys")
-        return {key: interpolate_weights(start[key], end[key], alpha) for key in end}
+        return {key: interpolate_weights(start[key], end[key], alpha, in_place) for key in end}
     if isinstance(end, torch.Tensor):
         if not isinstance(start, torch.Tensor) or start.shape != end.shape:
             raise ValueError(f"a tensor of shape {tuple(end.shape)} has no counterpart of that shape")
         if not end.is_floating_point():
-            return end.clone()
-        return torch.lerp(start.to(end.dtype), end, alpha)
+            return end if in_place else end.clone()
+        mixed = torch.lerp(start.to(end.dtype), end, alpha)
+        return end.copy_(mixed) if in_place else mixed
     if isinstance(end, np.ndarray):
         start = np.asarray(start)
         if start.shape != end.shape:
             raise ValueError(f"an array of shape {end.shape} has no counterpart of that shape")
         if not np.issubdtype(end.dtype, np.floating):
-            return end.copy()
-        return ((1.0 - alpha) * start.astype(end.dtype) + alpha * end).astype(end.dtype)
+            return end if in_place else end.copy()
+        mixed = end if in_place else end.copy()
+        mixed *= alpha
+        mixed += (1.0 - alpha) * start.astype(end.dtype)
+        return mixed
     return end
 
 
