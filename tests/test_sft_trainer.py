@@ -63,20 +63,24 @@ def test_the_order_is_the_rllib_sft_order():
     assert len(order) == 12 and sorted(order[:5]) == [0, 1, 2, 3, 4]  # every one once per epoch
 
 
+@pytest.fixture(scope="module")
+def rllib_sft_weights(ray_cluster, model_dir, world, corpus, demonstrations, tmp_path_factory):
+    """The weights of the RLlib SFT algorithm after ``STEPS`` steps: what Ray Train's SFT must give."""
+    algo = sft_config(model_dir, world, corpus, demonstrations).build_algo()
+    try:
+        for _ in range(STEPS):
+            algo.train()
+        return weights(algo.export(tmp_path_factory.mktemp("rllib_sft")))
+    finally:
+        algo.stop()
+
+
 def test_torch_trainer_sft_gives_the_rllib_sft_weights(
-    ray_cluster, model_dir, world, corpus, demonstrations, tmp_path
+    ray_cluster, model_dir, world, corpus, demonstrations, rllib_sft_weights, tmp_path
 ):
     from ray.train import RunConfig
 
     config = sft_config(model_dir, world, corpus, demonstrations)
-    algo = config.build_algo()
-    try:
-        for _ in range(STEPS):
-            algo.train()
-        reference = weights(algo.export(tmp_path / "rllib_sft"))
-    finally:
-        algo.stop()
-
     result = train_sft(
         config,
         demonstrations,
@@ -87,8 +91,8 @@ def test_torch_trainer_sft_gives_the_rllib_sft_weights(
     )
     assert result.error is None and result.metrics["step"] == STEPS
     trained = weights(result.checkpoint.path)
-    assert trained.keys() == reference.keys()
-    assert all(torch.equal(trained[k], reference[k]) for k in reference)
+    assert trained.keys() == rllib_sft_weights.keys()
+    assert all(torch.equal(trained[k], rllib_sft_weights[k]) for k in rllib_sft_weights)
     assert len(result.best_checkpoints) == 2  # steps 2 and 3
 
     # Its checkpoint is what a recipe starts from: an RL config builds on it.
@@ -98,24 +102,24 @@ def test_torch_trainer_sft_gives_the_rllib_sft_weights(
 
 
 def test_two_workers_split_each_batch_and_give_the_same_update(
-    ray_cluster, model_dir, world, corpus, demonstrations, tmp_path
+    ray_cluster, model_dir, world, corpus, demonstrations, rllib_sft_weights, tmp_path
 ):
+    """Each worker takes half of every step's batch; the gradients, averaged across the two, are the whole
+    batch's (one process gives the RLlib SFT's weights bit for bit: the test above), up to float sums."""
     from ray.train import RunConfig, ScalingConfig
 
     config = sft_config(model_dir, world, corpus, demonstrations)
-    runs = {}
-    for workers in (1, 2):
-        result = train_sft(
-            config,
-            demonstrations,
-            steps=2,
-            batch_size=BATCH,
-            scaling_config=ScalingConfig(num_workers=workers),
-            run_config=RunConfig(storage_path=str(tmp_path / "train"), name=f"sft_{workers}"),
-        )
-        assert result.error is None
-        runs[workers] = weights(result.checkpoint.path)
-    assert all(torch.allclose(runs[1][k], runs[2][k], atol=1e-5) for k in runs[1])
+    result = train_sft(
+        config,
+        demonstrations,
+        steps=STEPS,
+        batch_size=BATCH,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path / "train"), name="sft_2"),
+    )
+    assert result.error is None
+    trained = weights(result.checkpoint.path)
+    assert all(torch.allclose(trained[k], rllib_sft_weights[k], atol=1e-5) for k in rllib_sft_weights)
 
 
 def test_parquet_demonstrations_are_checked_row_by_row(demonstrations, tmp_path, ray_cluster):
