@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rllib_search.recipes.process_memory import JobMemory
+import psutil
+
+from rllib_search.recipes.process_memory import JobMemory, process_label
 
 HOLD = "import sys; block = b'x' * (300 * 2**20); print('ready', flush=True); sys.stdin.readline()"
 
@@ -13,17 +15,19 @@ HOLD = "import sys; block = b'x' * (300 * 2**20); print('ready', flush=True); sy
 def test_a_child_process_memory_counts_toward_the_peak_of_its_stage():
     memory = JobMemory(interval_s=60.0)  # sampled by hand here; the thread would sample once a minute
     memory.stage("before")
-    before = sum(memory.sample().values())
+    before = memory.sample()
     child = subprocess.Popen(
         [sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert child.stdout.readline().strip() == "ready"
+        label = process_label(psutil.Process(child.pid))
         memory.stage("holding")
         holding = memory.sample()
     finally:
         child.communicate("done\n", timeout=60)
-    assert sum(holding.values()) - before > 290  # the child's 300 MB, counted once
+    # The child's 300 MB, counted once, under its label (the rest of this process's tree may move meanwhile).
+    assert holding.get(label, 0.0) - before.get(label, 0.0) > 290
     summary = memory.summary()
     assert summary["peak_stage"] == "holding"
     assert summary["peak_pss_mb"] >= sum(holding.values()) - 1
@@ -50,6 +54,15 @@ def test_a_part_of_a_stage_has_its_own_peak_and_the_stage_resumes_after_it():
     assert memory.current_stage == "rl"
     memory.sample()
     assert set(memory.summary()["peak_pss_mb_by_stage"]) == {"rl", "rl: evaluation"}
+
+
+def test_a_stage_shorter_than_the_interval_still_has_its_peak():
+    memory = JobMemory(interval_s=60.0)  # the thread never runs: only stage boundaries sample
+    memory.stage("short")
+    memory.stage("next")
+    with memory.within("part"):
+        pass
+    assert {"short", "next", "next: part"} <= set(memory.summary()["peak_pss_mb_by_stage"])
 
 
 def test_the_drivers_exact_peak_is_kept_per_stage_even_between_samples():

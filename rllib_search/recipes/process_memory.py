@@ -76,13 +76,16 @@ class JobMemory:
         self._labels: dict[int, str] = {}
         self.driver_peak_by_stage: dict[str, float] = {}
         reset_driver_high_water()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def stage(self, name: str) -> None:
-        """The job enters stage ``name``; samples from now on count under it."""
+        """The job enters stage ``name``; samples from now on count under it, starting with one taken now
+        (so every stage has a peak, however short it is)."""
         self._close_driver_peak()
         self.current_stage = name
+        self.sample()
 
     def _close_driver_peak(self) -> None:
         """The driver's exact peak RSS since the last boundary goes to the current stage; the kernel's mark
@@ -100,6 +103,7 @@ class JobMemory:
         outer = self.current_stage
         self._close_driver_peak()
         self.current_stage = f"{outer}: {part}"
+        self.sample()
         try:
             yield
         finally:
@@ -123,11 +127,12 @@ class JobMemory:
             label = self._labels[process.pid]
             by_label[label] = by_label.get(label, 0.0) + pss
         total = sum(by_label.values())
-        self.samples += 1
-        stage = self.current_stage
-        self.peak_by_stage[stage] = max(self.peak_by_stage.get(stage, 0.0), total)
-        if total > self.peak_mb:
-            self.peak_mb, self.peak_stage, self.peak_by_label = total, stage, by_label
+        with self._lock:  # the sampling thread and a stage boundary may both record
+            self.samples += 1
+            stage = self.current_stage
+            self.peak_by_stage[stage] = max(self.peak_by_stage.get(stage, 0.0), total)
+            if total > self.peak_mb:
+                self.peak_mb, self.peak_stage, self.peak_by_label = total, stage, by_label
         return by_label
 
     def start(self) -> JobMemory:
