@@ -259,15 +259,10 @@ class PrefixCachingHFEngine(HFEngine):
         new_counts = [len(prefix) - len(key) for prefix, (key, _) in zip(prefixes, cached)]
         layers: list[list] = [[] for _ in prefixes]
         logits: list[torch.Tensor | None] = [None] * len(prefixes)
-        passes = self._prefill_passes(new_counts)
-        for group in passes:
+        for group in self._prefill_passes(new_counts):
             width = max(new_counts[i] for i in group)
             for i in group:  # no padding between a row's kept cache and its new tokens
                 cached[i] = self._without_last(cached[i], width - new_counts[i])
-        # The shared start was computed once, for the row that kept most of it: that row reused none.
-        self.cached_tokens -= max((len(cached[i][0]) for i in sharing), default=0)
-        for group in passes:
-            width = max(new_counts[i] for i in group)
             self.cached_tokens += sum(len(cached[i][0]) for i in group)
             self.fed_tokens += sum(len(prefixes[i]) - len(cached[i][0]) for i in group)
             group_cached = [cached[i] for i in group]
@@ -296,6 +291,8 @@ class PrefixCachingHFEngine(HFEngine):
                     for layer in cache.layers
                 ]
                 logits[i] = group_logits[b]
+        # The shared start was computed once, for the row that kept most of it: that row reused none.
+        self.cached_tokens -= max((len(cached[i][0]) for i in sharing), default=0)
         order = [distinct[tuple(row.prefix)] for row in rows]
         return [layers[i] for i in order], torch.stack([logits[i] for i in order])
 
