@@ -7,6 +7,8 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
+import sys
 from datetime import datetime
 
 import numpy as np
@@ -274,6 +276,24 @@ def test_opening_the_corpus_copies_nothing_into_memory(random_dir):
     assert pa.total_allocated_bytes() - before < 1024  # the Arrow IPC file is memory-mapped
     assert index.corpus.nbytes > 10_000
     assert resident_memory_mb() > 10
+
+
+def test_a_bm25_index_builds_loads_and_searches_without_torch_or_faiss(corpus_jsonl, tmp_path):
+    """A BM25 replica imports neither (about 130 MB of a replica's memory)."""
+    code = (
+        "import sys\n"
+        "from rllib_search.serve.retrieval.build import build_index\n"
+        "from rllib_search.serve.retrieval.deployment import set_search_threads\n"
+        "from rllib_search.serve.retrieval.load import load_index\n"
+        f"build_index({str(corpus_jsonl)!r}, {str(tmp_path / 'bm25')!r}, kind='bm25', progress=False)\n"
+        f"index = load_index({str(tmp_path / 'bm25')!r})\n"
+        "set_search_threads(2, index.manifest['kind'])\n"
+        "assert index.search(['a question'], 2)[0]\n"
+        "print(sorted({'torch', 'faiss', 'transformers'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_loading_with_another_encoder_raises(flat_dir, bm25_dir):

@@ -103,6 +103,8 @@ def test_kl_is_zero_at_initialisation(ray_cluster, model_dir, world, corpus, lor
     assert results["learners"]["default_policy"]["kl"] == 0.0
     assert results["learners"]["default_policy"]["optimizer_steps"] == 1
     assert "episode_return_mean" in results["env_runners"]
+    # A LoRA sync carries the adapters only: the engine keeps its base weights through updates.
+    assert algo.env_runner.drop_weights() is not lora
     algo.stop()
 
 
@@ -135,6 +137,39 @@ def test_policy_weights_snapshot_survives_updates_and_loads_back_everywhere(
     assert all(torch.equal(before[k], loaded[k]) for k in before)
     runner_model = algo.env_runner.module.model
     assert all(torch.equal(before[k], v) for k, v in runner_model.state_dict().items())
+    algo.stop()
+
+
+def test_an_update_beside_the_engine_frees_its_weights_until_the_sync(ray_cluster, model_dir, world, corpus):
+    algo = make_config(SearchGRPOConfig, model_dir, world, corpus, lr=5e-3).build_algo()
+    runner_model = algo.env_runner.module.model
+    with algo.engine_weights_dropped():
+        assert not any(p.untyped_storage().nbytes() for p in runner_model.parameters())
+        with pytest.raises(RuntimeError, match="dropped"):
+            algo.env_runner.sample()
+    algo.sync_runner_weights()
+    with pytest.raises(RuntimeError, match="update failed"), algo.engine_weights_dropped():
+        raise RuntimeError("update failed")  # a failed update: the weights come back at once
+    assert all(p.untyped_storage().nbytes() for p in runner_model.parameters())
+    algo.train()  # drops them for its update, then syncs the trained ones
+    trained = policy_weights(algo)
+    assert all(torch.equal(trained[k], v) for k, v in runner_model.state_dict().items())
+    algo.stop()
+
+
+def test_a_checkpoint_reads_the_optimizer_state_without_copying_it(ray_cluster, model_dir, world, corpus):
+    algo = make_config(SearchGRPOConfig, model_dir, world, corpus, lr=5e-3).build_algo()
+    algo.train()
+    learner = learner_of(algo)
+    saved = learner.get_state(components="optimizer")["optimizer"]
+    for name, optimizer in learner._named_optimizers.items():
+        live = optimizer.state_dict()["state"]
+        arrays = saved[name]["state"]["state"]
+        assert live and arrays.keys() == live.keys()
+        for index, moments in live.items():
+            assert arrays[index]["step"] == moments["step"].item()
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert np.shares_memory(arrays[index][key], moments[key].numpy())
     algo.stop()
 
 

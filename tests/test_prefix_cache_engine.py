@@ -322,3 +322,22 @@ def test_a_template_start_shared_by_different_prompts_is_fed_once(engines, tempe
             atol=1e-4,
             rtol=0,
         )
+
+
+def test_a_consumed_batch_cache_releases_each_rows_layers_and_holds_the_same_values(engines):
+    """Decoding builds its batch cache from the prefill's rows, releasing each layer of them once copied:
+    the rows and the batch are never both held whole; rows with one prefix share a list."""
+    _, cached, _ = engines
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(1, 2, n, 32) for n in (5, 2)]
+    layers = [
+        [(torch.randn(s, generator=generator), torch.randn(s, generator=generator)) for _ in range(2)]
+        for s in shapes
+    ]
+    first, second = list(layers[0]), list(layers[1])
+    rows = [first, first, second]  # the first two rows share their list, as a prompt's samples do
+    kept = cached._batch_cache([list(r) for r in rows], [5, 5, 2], past_len=5, room=3)
+    consumed = cached._batch_cache(rows, [5, 5, 2], past_len=5, room=3, consume=True)
+    assert all(entry is None for row in rows for entry in row)
+    for a, b in zip(kept.layers, consumed.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

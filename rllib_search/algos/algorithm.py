@@ -226,7 +226,7 @@ class SearchAlgorithm(Algorithm):
         self.metrics.log_value(
             (LEARNER_RESULTS, "batch_tokens"), int(sum(len(r) for r in rollouts)), reduce="sum"
         )
-        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)), self.engine_weights_dropped():
             started = time.perf_counter()
             results = self.learner_group.update(
                 batch=batch,
@@ -702,6 +702,28 @@ class SearchAlgorithm(Algorithm):
         # update changes them; arrays that own their data are copies already (RLlib casts floats anew).
         with self.learners_onloaded():
             return tree.map_structure(_detached, self.learner_group.get_weights())
+
+    @contextlib.contextmanager
+    def engine_weights_dropped(self) -> Iterator[None]:
+        """For an update, where the EnvRunner's HF engine lives in the learner's process (no remote
+        runner, a local learner, no colocation, which has its own sleep): the engine's weights are freed
+        (``LLMEnvRunner.drop_weights``) so that the update's peak does not hold them, and come back with
+        the weight sync that follows the update (at once, if the update raises)."""
+        group = self.env_runner_group
+        shared = (
+            not self.config.colocate
+            and self.config.engine == "hf"
+            and group.local_env_runner is not None
+            and group.num_remote_env_runners() == 0
+            and self.learner_group.is_local
+        )
+        dropped = shared and group.local_env_runner.drop_weights()
+        try:
+            yield
+        except BaseException:
+            if dropped:
+                self.sync_runner_weights()
+            raise
 
     def sync_runner_weights(self) -> None:
         """The learners' weights to every EnvRunner (RLlib's ``sync_weights``, inference-only). With no

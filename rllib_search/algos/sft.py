@@ -107,7 +107,7 @@ class SearchSFT(SearchAlgorithm):
     def training_step(self) -> None:
         demonstrations = self.next_demonstrations()
         batch = train_batch(demonstrations, self.config, self._pad_token_id())
-        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)), self.engine_weights_dropped():
             results = self.learner_group.update(
                 batch=batch, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False
             )

@@ -50,9 +50,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import tree
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.numpy import convert_to_numpy
 
 from rllib_search.algos.learners.batching import micro_batch_weights, micro_batches
 from rllib_search.algos.learners.losses import (
@@ -167,6 +169,27 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
 
         with torch.no_grad():
             return engine_weights(self.policy().model, engine_dtype_of(self.config))
+
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> dict[str, Any]:
+        """RLlib's optimizer state without its copy: RLlib's ``convert_to_numpy`` copies every float32
+        moment into a new float32 array (``astype``), a second AdamW state (1 GB for SmolLM2) held while a
+        checkpoint is written. Float32 state in host memory comes as numpy views of the live tensors,
+        which a checkpoint writes before the next step changes them; the rest as RLlib converts it."""
+
+        def to_numpy(value: Any) -> Any:
+            host = isinstance(value, torch.Tensor) and value.device.type == "cpu"
+            if host and value.dim() and value.dtype == torch.float32:
+                return value.detach().numpy()
+            return convert_to_numpy(value)
+
+        return {
+            name: {
+                "module_id": self._optimizer_name_to_module[name],
+                "state": tree.map_structure(to_numpy, optimizer.state_dict()),
+            }
+            for name, optimizer in self._named_optimizers.items()
+        }
 
     # --- optimizers and the learning rate -------------------------------------------------------------
     def optimizer_groups(self, module: Any) -> list[tuple[str, list[torch.Tensor], float]]:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
@@ -99,6 +100,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         env_config = dict(self.config.env_config)
         self.module = None
         self.engine: Engine | None = None
+        self._dropped_weights: list[tuple[str, torch.nn.Parameter, torch.Size]] = []
         # (event, time.monotonic_ns()) of sample, sleep, sync and wake, newest last (the colocation tests).
         self.events: deque[tuple[str, int]] = deque(maxlen=EVENTS_KEPT)
         # The driver's EnvRunner beside remote ones samples nothing (the remote ones do): it builds no policy,
@@ -425,6 +427,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         (default: the engine's at ``sampling``) writes the segments."""
         if self.hollow:
             raise RuntimeError("the driver's EnvRunner rolls nothing out while remote EnvRunners exist")
+        if self._dropped_weights:
+            raise RuntimeError("the engine's weights were dropped for an update: sync them before a rollout")
         while len(self.envs) < len(episodes):
             self.envs.append(self.new_env())
         envs = self.envs[: len(episodes)]
@@ -537,6 +541,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if weights is not None:
             self.events.append(("sync", time.monotonic_ns()))
             if self.module is not None:
+                self._reallocate_weights(weights)
                 self.module.set_state(weights)
                 self.engine.reset_cache()  # the HF engine shares the module's tensors: only drop its caches
             else:
@@ -578,6 +583,32 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 self.engine.sleep()
             else:
                 self.engine.sleep(level=level)
+
+    def drop_weights(self) -> bool:
+        """Free the HF engine's weights until the next weight sync writes new ones (a learner updating in
+        this process then does not hold them beside its own): the parameters keep their shapes, not their
+        storage. Only where every sync carries every weight (no LoRA: its syncs carry the adapters);
+        returns whether it dropped them."""
+        if self.module is None or getattr(self.module, "uses_lora", True) or self._dropped_weights:
+            return False
+        self.engine.reset_cache()
+        names = {id(param): name for name, param in self.module.named_parameters()}
+        for param in self.module.model.parameters():
+            self._dropped_weights.append((names[id(param)], param, param.shape))
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        release_free_heap()
+        return True
+
+    def _reallocate_weights(self, weights: dict[str, Any]) -> None:
+        """Storage again for the weights :meth:`drop_weights` freed, which ``weights`` must all cover."""
+        if not self._dropped_weights:
+            return
+        missing = [name for name, _, _ in self._dropped_weights if name not in weights]
+        if missing:
+            raise ValueError(f"the engine's weights were dropped and this sync lacks {missing[:3]}")
+        for _, param, shape in self._dropped_weights:
+            param.data = torch.empty(shape, dtype=param.dtype, device=param.device)
+        self._dropped_weights = []
 
     def restore_engine(self) -> None:
         """Take the accelerator memory back once the update, the weight sync and the learner's offload are

@@ -255,6 +255,9 @@ class PrefixCachingHFEngine(HFEngine):
             distinct.setdefault(tuple(row.prefix), len(distinct))
         prefixes = list(distinct)
         cached = [self._caches.longest_prefix_of(prefix) for prefix in prefixes]
+        # The kept caches are read through ``cached`` from here on: each is freed once its pass copied it,
+        # rather than all of them held beside this call's new copies.
+        self._caches.replace({})
         sharing = self._share_common_start(prefixes, cached)
         new_counts = [len(prefix) - len(key) for prefix, (key, _) in zip(prefixes, cached)]
         layers: list[list] = [[] for _ in prefixes]
@@ -282,6 +285,9 @@ class PrefixCachingHFEngine(HFEngine):
                 past_len,
                 width,
             )
+            del group_cached
+            for i in group:  # copied into the pass's cache: only the token count is read after the passes
+                cached[i] = (cached[i][0], [])
             group_logits = self._forward(input_ids, attention, positions, cache)
             for b, i in enumerate(group):
                 real = attention[b].nonzero().squeeze(1).to(self.device)
@@ -351,10 +357,11 @@ class PrefixCachingHFEngine(HFEngine):
     # --- the decode loop ------------------------------------------------------------------------------
     def _decode(self, rows: list[_Row], params: SamplingParams, sampler: _Sampler, new_caches: dict) -> None:
         row_layers, logits = self._prefill(rows)
-        self._caches.replace({})  # read by the prefill: freed now, not held beside this call's batch cache
         lengths = [len(row.prefix) for row in rows]
         past_len, batch = max(lengths), len(rows)
-        cache = self._batch_cache(row_layers, lengths, past_len, room=max(row.limit for row in rows))
+        cache = self._batch_cache(
+            row_layers, lengths, past_len, room=max(row.limit for row in rows), consume=True
+        )
         del row_layers
         attention = torch.zeros((batch, past_len), dtype=torch.long)
         for b, length in enumerate(lengths):
@@ -446,10 +453,12 @@ class PrefixCachingHFEngine(HFEngine):
 
     # --- caches -------------------------------------------------------------------------------------
     def _batch_cache(
-        self, row_layers: list[list], lengths: list[int], past_len: int, room: int
+        self, row_layers: list[list], lengths: list[int], past_len: int, room: int, consume: bool = False
     ) -> DynamicCache:
         """Rows' keys and values (``lengths[b]`` positions each, none for an empty list), left-padded to
-        ``past_len`` into one batch cache with ``room`` free positions for this call's tokens."""
+        ``past_len`` into one batch cache with ``room`` free positions for this call's tokens. ``consume``:
+        the rows' lists are this call's alone, and each layer of them is released once copied, so the rows
+        and the batch are not both held whole."""
         cache = DynamicCache(config=self.model.config)
         cache.layers = [_AppendInPlaceLayer(spare=room) for _ in cache.layers]
         if past_len == 0:
@@ -468,6 +477,10 @@ class PrefixCachingHFEngine(HFEngine):
                     keys[b, :, past_len - length : past_len] = layers[index][0][0]
                     values[b, :, past_len - length : past_len] = layers[index][1][0]
             cache.layers[index].hold(keys, values, used=past_len)
+            if consume:  # rows with one prefix share a list: released after every row is copied
+                for layers in row_layers:
+                    if layers:
+                        layers[index] = None
         return cache
 
     @staticmethod

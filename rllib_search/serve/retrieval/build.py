@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bm25s
 import numpy as np
@@ -24,8 +24,6 @@ from tqdm.auto import tqdm
 
 from rllib_search.data.errors import DataFormatError
 from rllib_search.data.formats import CORPUS_SCHEMA, corpus_batches, write_batches_atomically
-from rllib_search.serve.retrieval.encoders import DEFAULT_ENCODER, EncoderSpec, TextEncoder
-from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import (
     BM25_DIR,
     BM25_STOPWORDS,
@@ -42,6 +40,10 @@ from rllib_search.serve.retrieval.manifest import (
     write_manifest,
 )
 
+if TYPE_CHECKING:  # torch and faiss load for dense indexes only: BM25 builds and loads run without them
+    from rllib_search.serve.retrieval.encoders import EncoderSpec, TextEncoder
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
 # Rows read from the source corpus at a time while staging it.
 STAGING_BATCH_ROWS = 50_000
 
@@ -57,7 +59,7 @@ def build_index(
 ) -> dict[str, Any]:
     """Build a ``kind`` index of a corpus (jsonl or parquet) into ``out_dir``; returns the manifest.
 
-    Dense kinds use ``encoder`` (default :data:`DEFAULT_ENCODER`) and encode ``batch_size`` passages at a
+    Dense kinds use ``encoder`` (default ``encoders.DEFAULT_ENCODER``) and encode ``batch_size`` passages at a
     time straight into the faiss index; ``kind_options`` are those of :data:`KIND_OPTIONS`.
     """
     options = _kind_options(kind, kind_options)
@@ -72,6 +74,8 @@ def build_index(
     table = open_corpus(out / CORPUS_FILE)
     dim, faiss_params = None, None
     if spec is not None:
+        from rllib_search.serve.retrieval.encoders import TextEncoder
+
         text_encoder = TextEncoder(spec)
         dim = text_encoder.dim
         if kind == "ivfpq":
@@ -186,6 +190,8 @@ def _build_spec(kind: str, encoder: str | EncoderSpec | None) -> EncoderSpec | N
         if encoder is not None:
             raise ValueError(f"a {kind} index uses no encoder, but encoder {encoder!r} was given")
         return None
+    from rllib_search.serve.retrieval.encoders import DEFAULT_ENCODER, EncoderSpec
+
     if isinstance(encoder, EncoderSpec):
         return encoder
     return EncoderSpec.for_model(encoder or DEFAULT_ENCODER)
@@ -228,6 +234,8 @@ def _ivfpq_options(options: dict[str, Any], count: int, dim: int) -> dict[str, A
 
 
 def _new_faiss_index(kind: str, dim: int, options: dict[str, Any]) -> faiss.Index:
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
     if kind == "flat":
         return faiss.IndexFlatIP(dim)
     if kind == "hnsw":
@@ -254,6 +262,8 @@ def _build_faiss(
 ) -> dict[str, Any]:
     """Encode the corpus ``batch_size`` passages at a time into a new faiss index written to ``path``;
     returns the index's parameters for the manifest."""
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
     index = _new_faiss_index(kind, encoder.dim, options)
     if kind == "ivfpq":
         index.train(_encode_sample(table, encoder, options["train_size"], batch_size))

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bm25s
 
-from rllib_search.serve.retrieval.encoders import EncoderSpec, TextEncoder, resolve_model_path
-from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import (
     BM25_DIR,
     DENSE_KINDS,
@@ -28,6 +26,10 @@ from rllib_search.serve.retrieval.search import (
     RandomSearchIndex,
     SearchIndex,
 )
+
+if TYPE_CHECKING:  # torch and faiss load with a dense index only: a BM25 replica runs without them
+    from rllib_search.serve.retrieval.encoders import EncoderSpec
+    from rllib_search.serve.retrieval.faiss_module import faiss
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ def load_index(
         )
     kind, options = manifest["kind"], manifest["options"]
     if kind in DENSE_KINDS:
+        from rllib_search.serve.retrieval.encoders import TextEncoder
+
         if spec is None:
             raise IndexFileError(f"{index_dir / MANIFEST_FILE}: a {kind} index without an encoder")
         faiss_index = _read_faiss(index_dir / FAISS_FILE, mmap, manifest["count"])
@@ -89,6 +93,10 @@ def _loading_spec(
     manifest_path: Path, manifest: dict[str, Any], encoder: str | EncoderSpec | None
 ) -> EncoderSpec | None:
     """The encoder to load: the manifest's, or the one asked for when it matches the manifest's."""
+    if manifest["encoder"] is None and encoder is None:
+        return None
+    from rllib_search.serve.retrieval.encoders import EncoderSpec
+
     built = EncoderSpec.from_dict(manifest["encoder"]) if manifest["encoder"] is not None else None
     if encoder is None:
         return built
@@ -114,6 +122,8 @@ def _spec_differences(built: EncoderSpec, given: EncoderSpec) -> list[str]:
     Names match when equal, when they resolve to the same folder, or when their last path components
     agree (``/models/e5-base-v2`` is a local copy of ``intfloat/e5-base-v2``).
     """
+    from rllib_search.serve.retrieval.encoders import resolve_model_path
+
     differences = []
     names = (built.name_or_path, given.name_or_path)
     same_name = (
@@ -131,6 +141,8 @@ def _spec_differences(built: EncoderSpec, given: EncoderSpec) -> list[str]:
 
 def _read_faiss(path: Path, mmap: bool, count: int) -> faiss.Index:
     """Read a faiss index, memory-mapped where faiss can (``IO_FLAG_MMAP_IFC``, faiss >= 1.11)."""
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
     if not path.exists():
         raise FileNotFoundError(f"{path}: the index's faiss file is missing")
     index = None
@@ -156,6 +168,8 @@ def _read_faiss(path: Path, mmap: bool, count: int) -> faiss.Index:
 def _on_gpus(index: faiss.Index, kind: str) -> faiss.Index:
     """The index sharded in fp16 over all visible GPUs, when this faiss has GPU support and sees GPUs
     (HNSW stays on the CPU: faiss has no GPU HNSW)."""
+    from rllib_search.serve.retrieval.faiss_module import faiss
+
     if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
         return index
     if kind == "hnsw":

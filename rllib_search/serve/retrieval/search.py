@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bm25s
 import numpy as np
 import pyarrow as pa
 
 from rllib_search.data.retrieval import Passage
-from rllib_search.serve.retrieval.encoders import TextEncoder
-from rllib_search.serve.retrieval.faiss_module import faiss
 from rllib_search.serve.retrieval.manifest import BM25_STOPWORDS
+
+if TYPE_CHECKING:  # a dense index brings torch and faiss; BM25 and random indexes run without them
+    from rllib_search.serve.retrieval.encoders import TextEncoder
+    from rllib_search.serve.retrieval.faiss_module import faiss
 
 
 class SearchIndex(ABC):
@@ -85,6 +87,8 @@ class DenseSearchIndex(SearchIndex):
     def __init__(
         self, manifest: dict[str, Any], corpus: pa.Table, encoder: TextEncoder, faiss_index: faiss.Index
     ) -> None:
+        from rllib_search.serve.retrieval.faiss_module import faiss
+
         super().__init__(manifest, corpus)
         self.encoder = encoder
         self.faiss_index = faiss_index
