@@ -710,9 +710,8 @@ class SearchAlgorithm(Algorithm):
         (``LLMEnvRunner.drop_weights``) so that the update's peak does not hold them, and come back with
         the weight sync that follows the update (at once, if the update raises)."""
         group = self.env_runner_group
-        shared = (
+        shared = (  # a vLLM runner has no module to drop: drop_weights says so
             not self.config.colocate
-            and self.config.engine == "hf"
             and group.local_env_runner is not None
             and group.num_remote_env_runners() == 0
             and self.learner_group.is_local
