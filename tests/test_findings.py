@@ -508,6 +508,7 @@ def test_a_recheck_that_differs_is_reported_beside_the_verdict(tmp_path):
     study.report({"seeds": [1]}, {"masking": analysis}, markdown, results_file)
     assert "re-checked" not in markdown.read_text()  # no check file, no re-check
     check = {
+        "committed": {"run": {"seeds": [1]}},  # the run the report holds
         "rerun": {
             "machine": {
                 "cpu": "Some CPU",
@@ -548,6 +549,11 @@ def test_a_recheck_that_differs_is_reported_beside_the_verdict(tmp_path):
     assert "- **Retrieved-token masking, masking on** (`findings/check.json`, on Some CPU" in table
     assert "seed 1: 0.000 -> 0.390; pooled 0.000 -> 0.390, +0.390 [+0.300, +0.480]: differs." in table
     assert "masking off** (`findings" not in table  # an arm the re-check did not compare is not listed
+    # A re-check of another run's results (here another world) does not bear on this report's verdicts.
+    check["committed"]["run"] = {"seeds": [1], "world_seed": 7}
+    (tmp_path / "findings" / "check.json").write_text(json.dumps(check))
+    study.report({"seeds": [1]}, {"masking": analysis}, markdown, results_file)
+    assert "re-checked" not in markdown.read_text()
 
 
 def _findings_script():
@@ -591,3 +597,23 @@ def test_the_policy_loss_arms_set_their_loss_and_llds():
     }
     assert base.llds_coeff == 0.0 and base.policy_loss == "grpo"  # the arms change copies
     assert {arm.versus for arm in losses.arms if arm.expected == 1} == {"GRPO", "GSPO", "Dr. GRPO"}
+
+
+def test_what_the_data_show_is_computed_from_the_stored_figures():
+    arm = {
+        "status": "run",
+        "per_seed_em": {"1": 0.4, "0": 0.5},
+        "gain_over_warm_start": {"value": -0.1, "low": -0.2, "high": 0.0},
+        "curve_mean": [0.2, 0.4, 0.6, 0.6],
+        "format_curves": {"0": [1.0, 1.0, 1.0, 1.0], "1": [1.0, 0.5, 0.0, 0.25]},
+    }
+    text = study.observed({"a": arm, "b": {"status": "not yet run"}}, ("a", "b"))
+    assert text == (
+        "a: held-out EM per seed 0.50, 0.40 (seeds 0, 1), -0.100 [-0.200, +0.000] against the warm start, "
+        "training answer reward 0.30 over iterations 1-2 and 0.60 over 3-4, lost its format (well-formed "
+        "share of training trajectories over the last 3 iterations): seed 1 (0.25)"
+    )
+    # Figures an earlier analysis did not store are left out, not guessed.
+    assert study.observed({"a": {"status": "run", "per_seed_em": {"0": 0.5}}}, ("a",)) == (
+        "a: held-out EM per seed 0.50 (seeds 0)"
+    )

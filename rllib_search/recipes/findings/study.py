@@ -23,8 +23,8 @@ detect, and the seeds the difference the paper reports (``Arm.effect``) would ne
 
 The labels (each paper's claim, the verdict against it, the notes) are this module's, applied again whenever
 the report is written (:func:`relabel`), so a corrected claim reaches the report without training again. A
-re-check of an arm on another machine (``check*.json`` beside the results, ``check.py``) is reported beside
-the verdict it bears on.
+re-check of an arm on another machine (``check*.json`` beside the results, ``check.py``) of the same run
+settings is reported beside the verdict it bears on.
 """
 
 from __future__ import annotations
@@ -140,19 +140,11 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "in 10 updates of 8 episodes from a warm start that already answers 1-hop questions, the "
-            "training answer reward does not rise in either arm and no arm answers a 2-hop question. On the "
-            "study's machine seed 1 collapsed in both arms (masking off: held-out EM 0.02 with 1.9 searches "
-            "an episode; on: 0.00, its sampled format reward 0 from iteration 8, its episodes running to "
-            "the turn limit on invalid actions) and seeds 0 and 2 ended a few answers apart either way (off "
-            "0.43, 0.42; on 0.35, 0.46). That run did not reproduce on another machine (the re-checks below; "
-            "docs/findings_check.md): there seed 1 collapsed in neither arm (on 0.39, off 0.42) and the "
-            "masking-on arm's pooled EM moved by +0.093 [+0.019, +0.167], so a seed's collapse is a draw of "
-            "the machine's arithmetic, not an effect of masking, and at seed 1 masking is not ahead there "
-            "either (0.39 vs 0.42). On the study's machine the KL to the warm start was larger with masking "
-            "off (0.44-0.64 in every seed, against 0.04-0.48 with masking on: the loss also fits the "
-            "passages' tokens), the drift Search-R1's masking prevents; the re-checks compare EM only, so "
-            "that KL gap is one run's observation, not a reproduced finding"
+            "Search-R1 measures masking over full training runs of 512-prompt batches on 3B models, where "
+            "fitting the passages' tokens pulls the policy toward writing passages; here each arm makes 10 "
+            "updates of 8 episodes from a warm start already trained on whole trajectories, and we believe "
+            "that drift is too small in so few updates to separate the arms, while the seed-to-seed spread "
+            "of what RL does to the warm start is wide"
         ),
     ),
     Finding(
@@ -172,16 +164,11 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "the weaker warm start (3 SFT steps) answers right in 1-8% of its training episodes (a seed's "
-            "mean over its 10 iterations), so at 8 episodes an iteration the answer term had almost nothing "
-            "for GRPO to reinforce in either arm. The format term did its own part: over iterations 8-10 "
-            "the share of well-formed training trajectories was 0.17, 0.67 and 0.42 with λ_f = 0.2 (seeds "
-            "0, 1, 2) against 0.08, 0.08 and 0.00 without it, and held-out format validity ended at 0.98 "
-            "in seeds 1 and 2 with λ_f = 0.2 (0.94 and 0.00 without); but a well-formed trajectory that "
-            "answers wrong adds no EM, and held-out EM ended 0.01, 0.11, 0.08 against 0.01, 0.16, 0.00. "
-            "Seed 0 lost its format in both arms (held-out format validity 0.01 and 0.11). The study's "
-            "speed-up is in answer reward over hundreds of steps of 512 episodes; here only its first "
-            "step, to well-formed trajectories, shows"
+            "the weaker warm start rarely answers right in its training episodes, so at 8 episodes an "
+            "iteration the answer term gives GRPO almost nothing to reinforce in either arm, and a well-"
+            "formed trajectory that answers wrong adds no EM; the study's speed-up is in answer reward over "
+            "hundreds of steps of 512 episodes, of which 10 small iterations can show only the first step, to"
+            " well-formed trajectories"
         ),
     ),
     Finding(
@@ -200,12 +187,9 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "in the trials' training episodes the retrieval-hit rate rose and fell with the answer reward "
-            "(over the 30 iterations of an arm: hit 0.40 in both, EM 0.28 at λ_r = 0 and 0.25 at 0.1, EM "
-            "above the hit rate in no iteration), because this policy answers right almost only when the "
-            "gold passage came back, so the term paid where the EM term already did; each iteration is two "
-            "questions' GRPO groups of 4, the same questions in both arms for a seed, and the arms sampled "
-            "the same hit rate in 27 of 30 iterations. Neither arm learned a second search (2-hop EM 0)"
+            "on the synthetic world this policy answers right almost only when the gold passage came back, so"
+            " the retrieval term pays where the EM term already does and adds little signal of its own; each "
+            "iteration is two questions' GRPO groups of 4, the same questions in both arms for a seed"
         ),
     ),
     Finding(
@@ -232,18 +216,9 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "each arm lost one seed of three to a format collapse, a different seed in each, so three "
-            "seeds cannot tie it to the retriever: BM25's seed 1 (its share of well-formed training "
-            "trajectories 0 over iterations 8-10, held-out format validity 0.01, EM 0) and dense's seed 2 "
-            "(valid-action rate 0.12-0.43 from iteration 8, held-out format validity 0, EM 0); the other "
-            "seeds end level (BM25 0.35, 0.46; "
-            "dense 0.37, 0.37). At 48 tokens it was dense's seed 1 that collapsed. The BM25 arm is the "
-            "masking finding's masking-on arm with its index read in-process instead of served, and it "
-            "ended with the same per-seed EM (0.35, 0.00, 0.46). MiniLM does retrieve a little worse here: "
-            "with the teacher's queries on the 50 held-out 1-hop questions it ranks the gold passage first "
-            "for 0.92 of them (0.96 in the top 2), BM25 for all, because the synthetic questions name their "
-            "entities verbatim, which favours exact lexical match; the papers' Wikipedia questions "
-            "paraphrase their passages"
+            "the synthetic questions name their entities verbatim, which favours BM25's exact lexical match, "
+            "where the papers' Wikipedia questions paraphrase their passages; and at a few seeds one seed "
+            "lost to a format collapse moves an arm's EM more than the retriever does"
         ),
     ),
     Finding(
@@ -267,18 +242,9 @@ FINDINGS: tuple[Finding, ...] = (
                 ),
                 effect=-0.021,  # the mean of the three models where GRPO is ahead (0.006, 0.038, 0.019)
                 note=(
-                    "the sign is Table 3's, the cause is not: two PPO seeds of three lost their format or "
-                    "their searches: seed 0's valid-action rate fell from 1.0 to 0.17 by iteration 10 and "
-                    "its share of well-formed training trajectories to 0 over iterations 8-10 (held-out EM "
-                    "0.01, format validity 0.00); seed 1 kept 0.79 of its sampled trajectories well-formed, "
-                    "but its greedy policy stopped searching (0.11 searches a held-out episode, format "
-                    "validity 0.08, EM 0.05); seed 2 ends at 0.33. GRPO lost one seed of three the same way "
-                    "(seed 1: well-formed share 0 over iterations 8-10, held-out EM 0.00; seeds 0 and 2 "
-                    "0.35, 0.46), so the gap is one collapse more, and PPO is the less stable one here where "
-                    "Search-R1 found it the more stable, after a critic warm-up over far more steps. PPO's "
-                    "advantages come from a value head that starts untrained and sees 8 episodes an "
+                    "PPO's advantages come from a value head that starts untrained and sees 8 episodes an "
                     "iteration, so they carry the critic's noise where GRPO's come from the group's own "
-                    "rewards (at 48 tokens PPO also lost two seeds, -0.25)"
+                    "rewards; Search-R1 found PPO the more stable after a critic warm-up over far more steps"
                 ),
             ),
             Arm(
@@ -304,11 +270,9 @@ FINDINGS: tuple[Finding, ...] = (
                 source="R1-Searcher section 4.1",
                 direction="compares REINFORCE++ without a baseline (the row above), not this variant",
                 note=(
-                    "REINFORCE++-baseline is the one algorithm that lost no seed: held-out EM 0.38 / 0.43 / "
-                    "0.41, format validity 1.0 in every seed, its KL to the warm start 0.001-0.08 at "
-                    "iteration 10 against GRPO's 0.04-0.48 and PPO's 0.10-0.32 (its KL penalty is in the "
-                    "reward and its returns are whitened over the batch); its +0.14 [+0.08, +0.19] over GRPO "
-                    "is GRPO's collapsed seed: seeds 0 and 2 end 0.38 vs 0.35 and 0.41 vs 0.46"
+                    "REINFORCE++-baseline subtracts the group's mean reward, puts its KL penalty in the "
+                    "reward and whitens its returns over the batch, where GRPO scales by the group's std and "
+                    "adds the KL to the loss"
                 ),
             ),
         ),
@@ -374,19 +338,11 @@ FINDINGS: tuple[Finding, ...] = (
             ),
         ),
         reason=(
-            "with the evidence reward on, held-out EM fell on 1-hop questions (0.50 vs 0.62) and rose on "
-            "2-hop ones (0.027, 4 of 150 answers, vs 0), where R-Search reports most of the evidence's gain "
-            "(its ablation also removes the evidence from the rollout; here only the reward is switched). "
-            "In 10 iterations of 8 episodes the evidence term (the judge's answer F1 from the policy's "
-            "quoted evidence, added with weight 1 as in R-Search's eq. 6; the 0.2 of eq. 5 is γ_e, the "
-            "format reward for a well-formed evidence box) was above 0 in 21 of 30 sampled iterations, 19 "
-            "of them iterations whose own answers scored too, so it mostly added to the reward of episodes "
-            "GRPO reinforced anyway: the two arms sampled the same answers for their first 10, 7 and 5 "
-            "iterations (seeds 0, 1, 2) and end 1-7 held-out answers apart a seed (off 0.29, 0.30, 0.34; on "
-            "0.28, 0.23, 0.28). Both arms end below their warm start (0.45: 1-hop 0.90, 2-hop 0.00): ten "
-            "iterations of RL from this warm start cost 1-hop answers in either arm. At a 64-token budget "
-            "four answer turns in five were cut mid-evidence and seed 0 fell to invalid actions in both "
-            "arms; at 128 tokens none did"
+            "R-Search's ablation also removes the evidence from the rollout; here only the reward is "
+            "switched. The evidence term (the judge's answer F1 from the policy's quoted evidence) is added "
+            "with weight 1 as in R-Search's eq. 6 (the 0.2 of eq. 5 is γ_e, the format reward for a well-"
+            "formed evidence box), and it pays mostly in episodes whose own answers score too, which GRPO "
+            "reinforces anyway"
         ),
     ),
 )
@@ -708,8 +664,9 @@ def labelled(
     entry.update(status="run", **measured, reproduced=verdict(arm, arms, measured["em_gain"]))
     if entry["reproduced"] not in ("yes", "no claim"):
         entry["reason"] = explain(finding, arms, entry)
-    if arm.note:
-        entry["note"] = arm.note
+    entry["note"] = "; ".join(
+        part for part in (observed(arms, (arm.name, str(arm.versus))), arm.note) if part
+    )
     return entry
 
 
@@ -770,6 +727,53 @@ def explain(finding: Finding, arms: dict[str, Any], entry: dict[str, Any]) -> st
     else:
         parts.append(f"the difference is {gain['value']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]")
     return "; ".join([*parts, finding.reason] if finding.reason else parts)
+
+
+#: A seed whose share of well-formed training trajectories over its last iterations is below this has lost
+#: its format (Search-R1's format check; the other protocols' format terms are not shares).
+FORMAT_LOST = 0.5
+#: The iterations at the end of a seed's curve the format share is read over.
+LAST_ITERATIONS = 3
+
+
+def observed(arms: dict[str, Any], names: Sequence[str]) -> str:
+    """What the measurements of the arms ``names`` show beyond a verdict, from the stored figures alone: each
+    arm's per-seed EM, its gain over the warm start, its training answer reward over the first and the
+    second half of its iterations, and the seeds that lost their format."""
+    return "; ".join(_arm_observed(name, arms[name]) for name in names if arms[name].get("status") == "run")
+
+
+def _arm_observed(name: str, figures: dict[str, Any]) -> str:
+    per_seed = figures.get("per_seed_em", {})
+    seeds = sorted(per_seed, key=int)
+    parts = []
+    if seeds:
+        parts.append(
+            "held-out EM per seed "
+            + ", ".join(f"{per_seed[seed]:.2f}" for seed in seeds)
+            + f" (seeds {', '.join(seeds)})"
+        )
+    if "gain_over_warm_start" in figures:
+        parts.append(f"{_estimate(figures['gain_over_warm_start'], signed=True)} against the warm start")
+    curve = figures.get("curve_mean", [])
+    if len(curve) >= 2:
+        half = len(curve) // 2
+        first, second = sum(curve[:half]) / half, sum(curve[half:]) / (len(curve) - half)
+        parts.append(
+            f"training answer reward {first:.2f} over iterations 1-{half} and {second:.2f} over "
+            f"{half + 1}-{len(curve)}"
+        )
+    lost = []
+    for seed, shares in sorted(figures.get("format_curves", {}).items(), key=lambda item: int(item[0])):
+        last = shares[-LAST_ITERATIONS:]
+        if last and sum(last) / len(last) < FORMAT_LOST:
+            lost.append(f"seed {seed} ({sum(last) / len(last):.2f})")
+    if lost:
+        parts.append(
+            f"lost its format (well-formed share of training trajectories over the last {LAST_ITERATIONS} "
+            f"iterations): {', '.join(lost)}"
+        )
+    return f"{name}: " + ", ".join(parts) if parts else ""
 
 
 def power_text(figures: dict[str, Any]) -> str:
@@ -889,7 +893,7 @@ def report(
     document = {"generated": date, "run": run, "findings": {}}
     figures = markdown.parent / "findings"
     status = "" if run else ' No arm has run yet: every row reads "not yet run".'
-    checks = rechecks(json_path.parent)
+    checks = rechecks(json_path.parent, run)
     lines = [
         "# The papers' findings in miniature",
         "",
@@ -981,7 +985,10 @@ def report(
                 f"| {finding.title} | {arm.name} | {em} | {per_hop} | {seeds} | {over_warm} | {versus} | "
                 f"{gain} | {paper} | {verdict} |"
             )
-        if analysis is not None and analysis["status"] != "not yet run":
+        if analysis is None or analysis["status"] == "not yet run":  # no curves: none of an earlier run
+            for stale in (figures / f"{finding.key}.png", figures / f"{finding.key}_format.png"):
+                stale.unlink(missing_ok=True)
+        else:
             figures.mkdir(parents=True, exist_ok=True)
             png = figures / f"{finding.key}.png"
             plot_mean_curves(
@@ -1037,12 +1044,15 @@ def report(
     return document
 
 
-def rechecks(folder: Path) -> list[dict[str, Any]]:
-    """The compared arms of every re-check (``check*.json``, ``check.py``'s documents) in ``folder``, in
+def rechecks(folder: Path, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The compared arms of every re-check (``check*.json``, ``check.py``'s documents) in ``folder`` that
+    re-ran the reported ``run`` (a check of other run settings checked results the report does not hold), in
     file-name order, each with the file it came from and the machine it re-ran on."""
     entries = []
     for path in sorted(folder.glob("check*.json")):
         document = json.loads(path.read_text())
+        if not same_run_settings(document.get("committed", {}).get("run", {}), run):
+            continue
         machine = document.get("rerun", {}).get("machine")
         for entry in document.get("arms", []):
             if entry.get("status") == "compared":
