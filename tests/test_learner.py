@@ -173,6 +173,58 @@ def test_a_checkpoint_reads_the_optimizer_state_without_copying_it(ray_cluster, 
     algo.stop()
 
 
+def test_disk_offload_keeps_the_reference_and_moments_in_a_file_with_the_same_updates(
+    ray_cluster, model_dir, world, corpus, demonstrations
+):
+    def moments(learner):
+        return [
+            tensor
+            for optimizer in learner._named_optimizers.values()
+            for state in optimizer.state.values()
+            for tensor in state.values()
+            if tensor.dim()
+        ]
+
+    runs = {}
+    for offload in (False, True):
+        config = make_config(
+            SearchGRPOConfig, model_dir, world, corpus, lr=5e-3, kl_coeff=0.05, disk_offload=offload
+        )
+        algo = config.build_algo()
+        learner = learner_of(algo)
+        batch = with_advantages(demonstrations[:2], [1.0, -1.0], algo.config)
+        for _ in range(2):
+            learner.update(batch=batch)
+            if offload:  # between updates neither the reference nor the moments are in memory
+                assert not any(p.numel() for p in learner.reference.parameters())
+                assert moments(learner) and not any(t.numel() for t in moments(learner))
+        scored = learner.prepare_batch(batch).policy_batches["default_policy"]
+        optimizer = learner.get_state(components="optimizer")["optimizer"]  # a checkpoint reads them back
+        runs[offload] = (policy_weights(algo), scored, optimizer, algo)
+    (weights, scored, optimizer, plain), (offloaded_weights, offloaded_scored, offloaded_optimizer, algo) = (
+        runs[False],
+        runs[True],
+    )
+    assert all(torch.equal(weights[name], offloaded_weights[name]) for name in weights)
+    # the reference read back from the file scores as the one kept in memory, and the trained policy not
+    np.testing.assert_array_equal(scored["ref_logprobs"], offloaded_scored["ref_logprobs"])
+    assert not np.array_equal(scored["ref_logprobs"], scored["old_logprobs"])
+    for name, saved in optimizer.items():
+        for index, state in saved["state"]["state"].items():
+            for key, value in state.items():
+                assert np.array_equal(value, offloaded_optimizer[name]["state"]["state"][index][key])
+    # A restored optimizer state replaces the offloaded moments; the next update offloads the new ones.
+    learner = learner_of(algo)
+    learner.set_state({"optimizer": offloaded_optimizer})
+    learner.update(batch=batch)
+    assert not any(t.numel() for t in moments(learner))
+    plain.stop()
+    algo.stop()
+    with pytest.raises(ValueError, match="disk_offload is for CPU learners"):
+        sharded = make_config(SearchGRPOConfig, model_dir, world, corpus, disk_offload=True, sharding="fsdp2")
+        sharded.validate()
+
+
 def test_train_top_layers_updates_the_top_block_and_final_norm_only(
     ray_cluster, model_dir, world, corpus, demonstrations
 ):

@@ -108,6 +108,43 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         super().build()
         self.build_reference()
         self.write_learning_rates()
+        self.build_disk_offload()
+
+    def build_disk_offload(self) -> None:
+        """With ``disk_offload`` (a CPU learner): the reference and AdamW's moments in a file between their
+        uses (``learners/disk_offload.py``); the reference goes there now."""
+        from rllib_search.algos.learners.disk_offload import (
+            DiskOffload,
+            optimizer_state_slots,
+            parameter_slots,
+        )
+
+        self.reference_offload: DiskOffload | None = None
+        self.moments_offload: DiskOffload | None = None
+        if not self.config.disk_offload:
+            return
+        if self.device.type != "cpu":
+            raise ValueError(f"disk_offload is for CPU learners; this one runs on {self.device}")
+        self.moments_offload = DiskOffload(lambda: optimizer_state_slots(self._named_optimizers.values()))
+        if self.reference is not None:
+            reference = self.reference
+            self.reference_offload = DiskOffload(lambda: parameter_slots(reference), frozen=True)
+            self.reference_offload.offload()
+
+    def reference_in_memory(self) -> contextlib.AbstractContextManager[None]:
+        """The frozen reference in memory for the block (read back from its file with ``disk_offload``)."""
+        return self.reference_offload.loaded() if self.reference_offload else contextlib.nullcontext()
+
+    def moments_in_memory(self) -> None:
+        """AdamW's moments in memory (read back from their file with ``disk_offload``) until
+        :meth:`offload_moments`."""
+        if self.moments_offload is not None:
+            self.moments_offload.load()
+
+    def offload_moments(self) -> None:
+        """AdamW's moments to their file (with ``disk_offload``) until the next step reads them."""
+        if self.moments_offload is not None:
+            self.moments_offload.offload()
 
     def policy(self) -> Any:
         """The unwrapped LLMRLModule (DDP wraps it when there are several learners)."""
@@ -177,6 +214,8 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
         checkpoint is written. Float32 state in host memory comes as numpy views of the live tensors,
         which a checkpoint writes before the next step changes them; the rest as RLlib converts it."""
 
+        self.moments_in_memory()  # with disk_offload they stay in memory until the next step offloads them
+
         def to_numpy(value: Any) -> Any:
             host = isinstance(value, torch.Tensor) and value.device.type == "cpu"
             if host and value.dim() and value.dtype == torch.float32:
@@ -190,6 +229,12 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             }
             for name, optimizer in self._named_optimizers.items()
         }
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state: dict[str, Any]) -> None:
+        if self.moments_offload is not None:  # the loaded state replaces the offloaded moments
+            self.moments_offload.discard()
+        super()._set_optimizer_state(state)
 
     # --- optimizers and the learning rate -------------------------------------------------------------
     def optimizer_groups(self, module: Any) -> list[tuple[str, list[torch.Tensor], float]]:
@@ -263,6 +308,10 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
     @override(SearchLearner)
     @torch.no_grad()
     def score_batch(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.reference_in_memory():
+            return self._score_batch(columns)
+
+    def _score_batch(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         cfg, policy = self.config, self.policy()
         recompute = cfg.old_logprobs == "recompute" or not cfg.mask_retrieved_tokens
         mask_key = self.loss_mask_key()
@@ -522,10 +571,12 @@ class SearchTorchLearner(SearchLearner, TorchLearner):
             self.skip_step()
             return
         factor = self.write_learning_rates()
+        self.moments_in_memory()
         if not self.keep_first_moments:
             self.clear_first_moments()
         self.step_optimizers(gradients_dict)
         self.zero_grads()  # read by the step: freed now rather than held through the next rollouts
+        self.offload_moments()
         self.optimizer_steps += 1
         for key, value in step.stats.items():
             self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)

@@ -185,7 +185,8 @@ def base_config(config: TinyCPUConfig, world: World, cls: type, model: str, data
             temperature=config.temperature,
             engine_dtype="bfloat16" if config.bf16 else None,
         )
-        .training(autocast=True if config.bf16 else None)
+        # the reference and AdamW's moments wait in a file outside scoring and the step: the same values
+        .training(autocast=True if config.bf16 else None, disk_offload=True)
         .debugging(seed=config.seed)
         .dashboard_metrics(run_name="tiny_cpu_grpo")
     )
@@ -543,7 +544,8 @@ def train_rl(
         say(f"RL keeps the weights at {kept_alpha:g} x RL + {1 - kept_alpha:g} x warm start")
     snapshots.clear()
     evaluate(grpo, "after RL")
-    checkpoint = grpo.save_to_path(str((Path(config.out) / "checkpoint").resolve()))
+    with part(memory, "checkpoint"):
+        checkpoint = grpo.save_to_path(str((Path(config.out) / "checkpoint").resolve()))
     grpo.stop()
     stop_services(world)
     return RLResult(
