@@ -432,7 +432,7 @@ class SearchConfig(AlgorithmConfig):
         - ``autocast``: bf16 autocast of forward and backward passes over the fp32 master weights (None:
           on GPU only);
         - ``disk_offload``: a CPU learner keeps the frozen reference and AdamW's moments in a temporary file
-          except while it scores a batch or steps (``learners/disk_offload.py``): the same values, 1.3 GB
+          except while it scores a batch or steps (``learners/disk_offload.py``): the same values, 1.4 GB
           less host memory outside those phases for SmolLM2, about a second an iteration to read them back.
         """
         given = {
