@@ -22,6 +22,13 @@ such as the main job's warm start):
   retrieved observations; for a model as small as the tiny one, attention over them is most of a step's
   cost, which the plain raw call does not pay.
 
+Where the turns' cost goes: the rollout's wall time and the same-engine call's are each split into forward
+passes that prefill (the prompt; in a rollout also each observation), forward passes that decode, the
+engine's bookkeeping (caches, sampling, stop strings; ``PrefixCachingHFEngine.seconds``) and what happens
+outside the engine (the env's parsing, retrieval, observation tokenisation). ``turn_cost_share_<part>`` is
+the rollout's extra seconds in that part over the call's, as a share of the rollout's wall time: on the
+tiny model the observations' prefill is most of the gap, work the one call never does.
+
 Each figure is the median of alternating repeats, each on the next questions: 7 for the tiny model, whose
 repeats take seconds and vary by 10% on a shared machine, 3 for SmolLM2 (3 and 2 with ``--quick``).
 Episodes come in groups of ``--group-size`` samples a question (default 4, as GRPO; 1 as PPO: then no
@@ -114,6 +121,24 @@ def raw_generate(engine: HFEngine, prefixes: list[list[int]], limits: list[int])
     return segments, time.perf_counter() - started
 
 
+def timed(engine: PrefixCachingHFEngine, work):
+    """``work()``'s result and wall seconds, and where the engine spent its part of them: forward passes that
+    prefill, forward passes that decode, the engine's bookkeeping (caches, sampling, stop strings), and
+    what happened outside the engine (for a rollout: the env's parsing, retrieval, observations)."""
+    before = dict(engine.seconds)
+    started = time.perf_counter()
+    result = work()
+    wall = time.perf_counter() - started
+    spent = {phase: engine.seconds[phase] - before[phase] for phase in before}
+    parts = {
+        "prefill": spent["prefill"],
+        "decode": spent["decode"],
+        "engine_bookkeeping": spent["call"] - spent["prefill"] - spent["decode"],
+        "outside_engine": wall - spent["call"],
+    }
+    return result, wall, parts
+
+
 def measure(
     model: str, world, prompts: int, group_size: int, turn_tokens: int, repeats: int
 ) -> dict[str, float]:
@@ -150,20 +175,18 @@ def measure_once(
     runner: LLMEnvRunner, engine: HFEngine, same_engine: PrefixCachingHFEngine
 ) -> dict[str, float]:
     """One rollout sample, then the raw, same-engine raw and context-matched raw calls for its episodes."""
-    started = time.perf_counter()
-    rollouts = runner.sample()
-    rollout_s = time.perf_counter() - started
+    rollouts, rollout_s, rollout_parts = timed(runner.engine, runner.sample)
     rollout_tokens = sum(r.num_generated_tokens for r in rollouts)
 
     limits = [max(1, r.num_generated_tokens) for r in rollouts]
+    prompts = [r.token_ids[: r.prompt_length].tolist() for r in rollouts]
     # The raw baseline: the same number of tokens from the prompts, in one call.
-    segments, raw_s = raw_generate(
-        engine, [r.token_ids[: r.prompt_length].tolist() for r in rollouts], limits
-    )
+    segments, raw_s = raw_generate(engine, prompts, limits)
     raw_tokens = sum(len(s.token_ids) for s in segments)
     same_engine.reset_cache()
-    same, same_s = raw_generate(
-        same_engine, [r.token_ids[: r.prompt_length].tolist() for r in rollouts], limits
+    (same, same_s), _, same_parts = timed(
+        same_engine,
+        lambda: raw_generate(same_engine, prompts, limits),
     )
     same_tokens = sum(len(s.token_ids) for s in same)
     # Context-matched: each row starts from its own episode's tokens, cut so that its generated tokens
@@ -188,6 +211,14 @@ def measure_once(
         "rollout_vs_raw_tokens_per_s_ratio": rollout_tps / raw_tps,
         "same_engine_raw_tokens_per_s": same_tokens / same_s,
         "rollout_vs_same_engine_raw_tokens_per_s_ratio": rollout_tps / (same_tokens / same_s),
+        # Seconds of each part in the rollout and in the same-engine call, and the rollout's extra seconds
+        # per part as a share of its wall time: together they say what the turns cost.
+        **{f"rollout_{part}_seconds": value for part, value in rollout_parts.items()},
+        **{f"same_engine_raw_{part}_seconds": value for part, value in same_parts.items()},
+        **{
+            f"turn_cost_share_{part}": (rollout_parts[part] - same_parts[part]) / rollout_s
+            for part in rollout_parts
+        },
         "rollout_mean_context_tokens": mean(p for r in rollouts for p in generated_positions(r)),
         "raw_mean_context_tokens": mean(
             r.prompt_length + k for r, seg in zip(rollouts, segments) for k in range(len(seg.token_ids))

@@ -189,6 +189,19 @@ def test_a_prompt_shared_by_its_samples_is_fed_once(engines):
     assert cached.fed_tokens - fed_before == len(prompt)  # one prefill; the token came from its logits
 
 
+def test_a_call_s_seconds_split_into_prefill_decode_and_the_rest(engines):
+    _, cached, tokenizer = engines
+    cached.reset_cache()
+    before = dict(cached.seconds)
+    cached.generate(
+        [chat(tokenizer, QUESTIONS[0])] * 2, SamplingParams(temperature=1.0, max_new_tokens=3, seed=0)
+    )
+    spent = {phase: cached.seconds[phase] - before[phase] for phase in before}
+    # One prefill pass, then two decode steps (the first token comes from the prefill's logits).
+    assert spent["prefill"] > 0 and spent["decode"] > 0
+    assert spent["call"] >= spent["prefill"] + spent["decode"]
+
+
 def test_prefill_passes_group_similar_new_token_counts(engines):
     _, cached, _ = engines
     budget = cached.prefill_tokens

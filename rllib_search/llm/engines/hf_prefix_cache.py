@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -199,6 +200,9 @@ class PrefixCachingHFEngine(HFEngine):
         # Tokens fed through the model: prefill of uncached tokens + decoding (padding and finished rows
         # waiting in the batch not counted).
         self.fed_tokens = 0
+        # Where a call's wall time goes: forward passes that prefill uncovered tokens, forward passes that
+        # decode, and the whole call (the rest is this engine's bookkeeping: caches, sampling, stops).
+        self.seconds = {"prefill": 0.0, "decode": 0.0, "call": 0.0}
         self._stop_enders: dict[tuple[str, ...], torch.Tensor] = {}
         # Project only the last position onto the vocabulary, prefill included, where the model allows it.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
@@ -229,16 +233,19 @@ class PrefixCachingHFEngine(HFEngine):
         params: SamplingParams,
     ) -> list[Segment]:
         """Continue each row by one segment, feeding only the tokens no kept cache covers."""
+        started = time.perf_counter()
         call = [_Row(i, list(prefixes[i]), limits[i], [], []) for i in rows]
         new_caches: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         with self.inference():
             sampler = _Sampler(params.temperature, params.top_p, self.generator(params.seed))
             self._decode(call, params, sampler, new_caches)
         self._caches.replace(new_caches)
-        return [
+        segments = [
             finish_segment(row.generated, row.logprobs, self.tokenizer, params.stop, row.ended_with_eos)
             for row in call
         ]
+        self.seconds["call"] += time.perf_counter() - started
+        return segments
 
     # --- prefill: the tokens no kept cache covers -------------------------------------------------------
     def _prefill(self, rows: list[_Row]) -> tuple[list[list], torch.Tensor]:
@@ -288,7 +295,7 @@ class PrefixCachingHFEngine(HFEngine):
             del group_cached
             for i in group:  # copied into the pass's cache: only the token count is read after the passes
                 cached[i] = (cached[i][0], [])
-            group_logits = self._forward(input_ids, attention, positions, cache)
+            group_logits = self._forward(input_ids, attention, positions, cache, phase="prefill")
             for b, i in enumerate(group):
                 real = attention[b].nonzero().squeeze(1).to(self.device)
                 # Indexing with a tensor copies: the row's keys and values, unpadded, in order.
@@ -335,6 +342,7 @@ class PrefixCachingHFEngine(HFEngine):
             torch.ones((1, shared), dtype=torch.long),
             torch.arange(shared)[None],
             cache,
+            phase="prefill",
         )
         self.fed_tokens += shared
         layers = [(layer.keys, layer.values) for layer in cache.layers]
@@ -407,12 +415,19 @@ class PrefixCachingHFEngine(HFEngine):
             feed[live, 0] = torch.tensor([token for _, token in still])
             attention = torch.cat([attention, torch.ones((len(slot_rows), 1), dtype=torch.long)], dim=1)
             self.fed_tokens += len(live)
-            logits = self._forward(feed, attention, next_position[:, None], cache)
+            logits = self._forward(feed, attention, next_position[:, None], cache, phase="decode")
             next_position = next_position + 1
 
     def _forward(
-        self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+        phase: str,
     ) -> torch.Tensor:
+        """The logits of each row's last position; the pass's wall time counts in ``seconds[phase]``."""
+        started = time.perf_counter()
         with self.products.serving(self.model) if self.products is not None else contextlib.nullcontext():
             out = self.model(
                 input_ids=input_ids.to(self.device),
@@ -422,7 +437,9 @@ class PrefixCachingHFEngine(HFEngine):
                 use_cache=True,
                 **self._forward_options,
             )
-        return out.logits[:, -1, :]
+        logits = out.logits[:, -1, :]
+        self.seconds[phase] += time.perf_counter() - started
+        return logits
 
     def _row_done(self, row: _Row, params: SamplingParams, window: int, may_end_stop: list[bool]) -> bool:
         last, stops = row.generated[-1], params.stop
