@@ -4,7 +4,11 @@ place."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +83,34 @@ def test_weight_snapshots_round_trip_exactly(tmp_path):
     assert np.array_equal(mixed["default_policy"]["a.weight"], weights["default_policy"]["a.weight"])
     store.clear()
     assert not (tmp_path / ".weights").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_allocations_once_mapped_go_back_to_the_os_at_free():
+    # In a fresh process: the threshold is process-wide. Under glibc's default, freeing the 30 MB block
+    # raises it above 4 MB: each 4 MB block then comes from the heap, below the live 64 kB ones allocated
+    # after it, and freeing it gives nothing back.
+    script = textwrap.dedent(
+        """
+        import os
+        import numpy as np
+        os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+        from rllib_search.llm.host_memory import map_large_allocations
+        from rllib_search.serve.memory import resident_memory_mb
+        assert map_large_allocations(1 << 20)
+        assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(1 << 20)
+        first = np.ones(30 << 20, np.uint8)
+        del first
+        returned, live = 0.0, []
+        for _ in range(10):
+            block = np.ones(4 << 20, np.uint8)
+            live.append(np.ones(64 * 1024, np.uint8))
+            before = resident_memory_mb()
+            del block
+            returned += before - resident_memory_mb()
+        print(returned)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert float(out.stdout.strip()) > 35  # each freed 4 MB block went back at once

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rllib_search.llm.host_memory import collect_and_release
+from rllib_search.llm.host_memory import collect_and_release, map_large_allocations
 from rllib_search.recipes.process_memory import JobMemory
 from rllib_search.recipes.tiny_cpu.config import TinyCPUConfig
 
@@ -686,6 +686,9 @@ def run(config: TinyCPUConfig, precision_measured: bool = False) -> dict[str, An
 
     from rllib_search.recipes.jobs import output_directory
 
+    # Buffers of 1 MiB and more (activations, caches, logits) get mappings of their own, returned at free:
+    # freed into glibc's heap instead, they fragment it and the job's peak grows by GBs (host_memory.py).
+    map_large_allocations()
     progress = Progress()
     config = replace(config, out=str(output_directory("tiny_cpu_grpo", config.out)))
     progress(f"output directory: {config.out}")
