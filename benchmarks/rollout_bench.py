@@ -26,8 +26,9 @@ Where the turns' cost goes: the rollout's wall time and the same-engine call's a
 passes that prefill (the prompt; in a rollout also each observation), forward passes that decode, the
 engine's bookkeeping (caches, sampling, stop strings; ``PrefixCachingHFEngine.seconds``) and what happens
 outside the engine (the env's parsing, retrieval, observation tokenisation). ``turn_cost_share_<part>`` is
-the rollout's extra seconds in that part over the call's, as a share of the rollout's wall time: on the
-tiny model the observations' prefill is most of the gap, work the one call never does.
+the rollout's extra seconds in that part over the call's, as a share of the rollout's wall time. On
+SmolLM2 the observations' prefill, work the one call never does, is the whole gap; on the tiny model it is
+the largest part, beside attention over the longer contexts and the turns' bookkeeping.
 
 Each figure is the median of alternating repeats, each on the next questions: 7 for the tiny model, whose
 repeats take seconds and vary by 10% on a shared machine, 3 for SmolLM2 (3 and 2 with ``--quick``).
