@@ -45,8 +45,13 @@ def map_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
     """Serve every allocation of at least ``threshold_bytes`` by a mapping of its own, returned to the OS when
     it is freed, in this process (glibc's ``mallopt``) and in the processes it starts from now on (Ray's
     workers and services: ``MALLOC_MMAP_THRESHOLD_`` in the environment). A threshold already set in the
-    environment wins. False where the C library cannot (not glibc)."""
-    threshold = int(os.environ.setdefault(MMAP_THRESHOLD_VARIABLE, str(threshold_bytes)))
+    environment wins (one that is not a whole number is replaced). The price is time: each such buffer's
+    pages are faulted in afresh. False where the C library cannot (not glibc)."""
+    try:
+        threshold = int(os.environ.setdefault(MMAP_THRESHOLD_VARIABLE, str(threshold_bytes)))
+    except ValueError:
+        threshold = threshold_bytes
+        os.environ[MMAP_THRESHOLD_VARIABLE] = str(threshold)
     mallopt = _glibc_function("mallopt")
     return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1
 
