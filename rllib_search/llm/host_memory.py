@@ -37,10 +37,6 @@ def _glibc_function(name: str):
         return None
 
 
-def _malloc_trim():
-    return _glibc_function("malloc_trim")
-
-
 def map_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
     """Serve every allocation of at least ``threshold_bytes`` by a mapping of its own, returned to the OS when
     it is freed, in this process (glibc's ``mallopt``) and in the processes it starts from now on (Ray's
@@ -58,7 +54,7 @@ def map_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
 
 def release_free_heap() -> bool:
     """Return the C heap's free pages to the OS; False where the C library cannot (not glibc)."""
-    trim = _malloc_trim()
+    trim = _glibc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
