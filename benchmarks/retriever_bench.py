@@ -9,8 +9,9 @@ send). Each system gets the whole machine:
   ``--ingress haproxy`` (default: Ray's high-throughput mode, HAProxy straight to the replicas) or
   ``proxy`` (Serve's Python proxy actor). In-cluster DeploymentHandle calls are measured too.
 - naive: Search-R1's design, a FastAPI app on one uvicorn worker whose synchronous endpoint encodes and
-  searches each request alone, run with one torch/faiss thread and with one per core; the baseline at each
-  level is the faster of the two.
+  searches each request alone (its thread pool runs several requests at once), run with one torch/faiss
+  thread and with one per core; the baseline at each level is the faster of the two. It runs at the
+  niceness Ray gives its workers, as the replicas do, so the load generator takes its CPU from either alike.
 
 Like for like, the ratio Serve / naive is reported at every level (``serve_vs_naive_qps_ratio``): at
 concurrency 1 there is nothing to batch and the naive server, with no proxy hop, is the faster. Then the
@@ -245,7 +246,16 @@ def start_serve(
     return serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
 
 
-def start_naive(index_dir: Path, port: int, dtype: str, threads: int) -> subprocess.Popen:
+def ray_worker_niceness() -> int:
+    """The scheduling niceness Ray gives its worker processes (Serve's replicas among them)."""
+    import ray
+
+    return ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())
+
+
+def start_naive(index_dir: Path, port: int, dtype: str, threads: int, niceness: int) -> subprocess.Popen:
+    """The naive server on ``threads`` torch/faiss threads, at the replicas' ``niceness``: the load
+    generator competes with either server alike."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     command = [
         sys.executable,
@@ -254,7 +264,13 @@ def start_naive(index_dir: Path, port: int, dtype: str, threads: int) -> subproc
         str(port),
         dtype,
     ]
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.nice(niceness - os.nice(0)),
+    )
 
 
 def _row(r: dict) -> str:
@@ -349,7 +365,8 @@ def main() -> None:
     # The naive server on one thread and on every core: the baseline is the faster at each level.
     naive_threads = sorted({1, os.cpu_count() or 1})
     naive_ports = {threads: free_port() for threads in naive_threads}
-    naives = [start_naive(index_dir, naive_ports[t], query_dtype, t) for t in naive_threads]
+    niceness = ray_worker_niceness()
+    naives = [start_naive(index_dir, naive_ports[t], query_dtype, t, niceness) for t in naive_threads]
     naive_urls = {t: f"http://127.0.0.1:{port}/retrieve" for t, port in naive_ports.items()}
     serve_rows, handle_rows, naive_rows = [], [], {t: [] for t in naive_threads}
 
@@ -380,7 +397,7 @@ def main() -> None:
         batched_levels = sorted({1, args.runners})
         batched_serve, batched_naive = [], {t: [] for t in naive_threads}
         for runners in batched_levels:
-            n = max(runners * (4 if args.quick else 10), 8)
+            n = runners * (12 if args.quick else 25)  # a few seconds a system: enough for quick to agree
             batched_serve.append(on_replicas(load_http(serve_url, queries, runners, n, args.batch_queries)))
             for threads, url in naive_urls.items():
                 batched_naive[threads].append(
@@ -393,7 +410,7 @@ def main() -> None:
                 flush=True,
             )
         replica_stats = [handle.stats.remote().result() for _ in range(4 * args.replicas)]
-        replica_setup = {k: replica_stats[0][k] for k in ("concurrent_batches", "threads")}
+        replica_setup = {k: replica_stats[0][k] for k in ("concurrent_batches", "threads", "shards")}
     finally:
         for naive in naives:
             naive.terminate()
@@ -418,6 +435,7 @@ def main() -> None:
         "ingress": args.ingress,
         "replicas": args.replicas,
         "replica_cpus": args.replica_cpus,
+        "server_niceness": niceness,  # both servers' (Ray's workers'); the load generator runs at 0
         "query_dtype": query_dtype,
         "query_dtype_recall_at_3_vs_fp32": dtype_recall,
         # Both over HTTP, the like-for-like comparison (Search-R1's clients call HTTP; the ingress named
@@ -447,7 +465,8 @@ def main() -> None:
         "hnsw_recall_at_3": recall,
         "replica_rss_mb": max(stats["rss_mb"] for stats in replica_stats),
         "replica_mean_queries_per_batch": max(stats["mean_queries_per_batch"] for stats in replica_stats),
-        # Per replica: batches at once and torch/faiss threads per batch (from its CPUs).
+        # Per replica: batches at once, threads per batch (from its CPUs) and the shards a big batch is split
+        # into (one thread each).
         "replica_setup": replica_setup,
         "levels": {
             str(c): {

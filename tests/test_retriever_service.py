@@ -15,7 +15,13 @@ import requests
 from rllib_search.env.search_env import MultiTurnSearchEnv
 from rllib_search.serve.http.ports import free_port
 from rllib_search.serve.retrieval.client import RetrieverClient, RetrieverRequestError, RetrieverUnavailable
-from rllib_search.serve.retrieval.deployment import APP_NAME, DEPLOYMENT_NAME, build_retriever_app
+from rllib_search.serve.retrieval.deployment import (
+    APP_NAME,
+    DEPLOYMENT_NAME,
+    build_retriever_app,
+    search_in_shards,
+    shard_rows,
+)
 from rllib_search.serve.retrieval.load import load_index
 
 pytestmark = pytest.mark.slow
@@ -147,6 +153,27 @@ def test_a_large_request_is_searched_off_the_loop_in_order_and_counted(service, 
     assert all(s["threads"] == 1 and s["concurrent_batches"] == 1 for s in after.values())
     body = requests.post(service, json={"queries": queries, "topk": 3}, timeout=60).json()["result"]
     assert [[item["document"]["id"] for item in r] for r in body] == [[p.id for p in r] for r in local]
+
+
+def test_a_batch_searched_in_shards_answers_as_one_search(index_dir, world):
+    """What a replica on several CPUs does with a big batch: shards of similar length mix, searched on
+    worker threads at once, answered in the queries' order with the passages one search gives."""
+    import asyncio
+
+    index = load_index(index_dir, dtype="float32")
+    queries = [hop["query"] for record in world.test for hop in record.extra["hops"]][:41]
+    rows = shard_rows(queries, 3)
+    assert sorted(i for shard in rows for i in shard) == list(range(41))
+    assert [len(shard) for shard in rows] == [14, 14, 13]
+    longest = max(range(41), key=lambda i: len(queries[i]))
+    assert rows[0][0] == longest
+    assert shard_rows(queries[:2], 3) == [[0], [1]] or shard_rows(queries[:2], 3) == [[1], [0]]
+    with ThreadPoolExecutor(3) as workers:
+        sharded = asyncio.run(search_in_shards(index, queries, 3, 3, workers))
+    whole = index.search(queries, 3)
+    assert [[p.id for p in r] for r in sharded] == [[p.id for p in r] for r in whole]
+    sharded_scores = [p.score for r in sharded for p in r]
+    assert sharded_scores == pytest.approx([p.score for r in whole for p in r], abs=1e-5)
 
 
 def assert_queries_survive_a_kill(client: RetrieverClient, kill) -> None:

@@ -171,6 +171,31 @@ def set_search_threads(threads: int, kind: str) -> None:
     faiss.omp_set_num_threads(threads)
 
 
+def shard_rows(queries: Sequence[str], shards: int) -> list[list[int]]:
+    """``queries``' positions dealt into at most ``shards`` shards of similar work: longest first, in
+    turn, so every shard gets long and short queries alike."""
+    order = sorted(range(len(queries)), key=lambda i: -len(queries[i]))
+    return [rows for rows in (order[s::shards] for s in range(max(1, shards))) if rows]
+
+
+async def search_in_shards(
+    index: Any, queries: list[str], topk: int, shards: int, workers: ThreadPoolExecutor
+) -> list[list[Passage]]:
+    """``index.search(queries, topk)``, the queries split into ``shards`` searched at once on ``workers``
+    (each on one torch/faiss thread: small encoder products scale better over requests than over threads
+    of one product), answered in the queries' order."""
+    loop = asyncio.get_running_loop()
+    rows = shard_rows(queries, shards)
+    parts = await asyncio.gather(
+        *(loop.run_in_executor(workers, index.search, [queries[i] for i in shard], topk) for shard in rows)
+    )
+    results: list[list[Passage]] = [[] for _ in queries]
+    for shard, part in zip(rows, parts):
+        for i, passages in zip(shard, part):
+            results[i] = passages
+    return results
+
+
 def faiss_gpu_problem(gpu_ids: Sequence[str], kind: str, device: str | None = None) -> str | None:
     """Why a replica given GPUs ``gpu_ids`` cannot search its ``kind`` index on them (a faiss build without
     GPU support: the CPU build won, see the README's install section), or None when it can (or need not)."""
@@ -242,9 +267,13 @@ class RetrieverDeployment:
             raise RuntimeError(problem)
         self.concurrent_batches = max(1, int(concurrent_batches))
         self.threads = max(1, int(replica_cpus()) // self.concurrent_batches)
-        set_search_threads(self.threads, str(self.index.manifest.get("kind")))
+        kind = str(self.index.manifest.get("kind"))
+        encoder = getattr(self.index, "encoder", None)
+        # A dense index on the CPU searches a big batch as `threads` shards of one thread each.
+        self.shards = self.threads if encoder is not None and encoder.device.type == "cpu" else 1
+        set_search_threads(self.threads // self.shards, kind)
         self.thread_min_queries = thread_min_queries
-        self._workers = ThreadPoolExecutor(self.concurrent_batches, thread_name_prefix="search")
+        self._workers = ThreadPoolExecutor(self.concurrent_batches * self.shards, thread_name_prefix="search")
         self._search_batched = serve.batch(
             max_batch_size=max_batch_queries,
             batch_wait_timeout_s=batch_wait_timeout_s,
@@ -255,10 +284,11 @@ class RetrieverDeployment:
         self.batched_queries = 0
         self.busy_seconds = 0.0
         logger.info(
-            "retriever replica ready: %s, %d batch(es) at once on %d thread(s) each",
-            self.index.manifest.get("kind"),
+            "retriever replica ready: %s, %d batch(es) at once on %d thread(s) each, in %d shard(s)",
+            kind,
             self.concurrent_batches,
             self.threads,
+            self.shards,
         )
 
     # --- in-cluster API (DeploymentHandle) ---------------------------------------------------------------
@@ -286,24 +316,23 @@ class RetrieverDeployment:
             "busy_seconds": self.busy_seconds,
             "concurrent_batches": self.concurrent_batches,
             "threads": self.threads,
+            "shards": self.shards,
             "limits": asdict(self.limits),
             "manifest": self.index.manifest,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
     async def _search_batch(self, requests: list[tuple[list[str], int]]) -> list[list[list[Passage]]]:
-        """ONE index call (one encoder pass) for the queries of every request in the batch. A batch of
-        ``thread_min_queries`` or more runs in a worker thread, so that the event loop keeps reading requests
-        meanwhile; a smaller one runs on the loop, blocking it: the requests that arrive meanwhile wait in
-        Serve's queues and all join the next batch, where in a thread they would trickle into small batches
-        that each pay the search's fixed costs."""
+        """One search for the queries of every request in the batch. A batch of ``thread_min_queries`` or
+        more runs on worker threads (on a CPU dense index, as ``shards`` shards of one thread each), so that
+        the event loop keeps reading requests meanwhile; a smaller one runs on the loop, blocking it: the
+        requests that arrive meanwhile wait in Serve's queues and all join the next batch, where in a thread
+        they would trickle into small batches that each pay the search's fixed costs."""
         queries = [query for request_queries, _ in requests for query in request_queries]
         topk = max(k for _, k in requests)
         started = time.perf_counter()
         if len(queries) >= self.thread_min_queries:
-            results = await asyncio.get_running_loop().run_in_executor(
-                self._workers, self.index.search, queries, topk
-            )
+            results = await search_in_shards(self.index, queries, topk, self.shards, self._workers)
         else:
             results = self.index.search(queries, topk)
         seconds = time.perf_counter() - started
@@ -369,8 +398,8 @@ def build_retriever_app(args: dict[str, Any]) -> serve.Application:
     ``max_batch_queries``, ``batch_wait_timeout_s``, ``limits`` (dict), ``device``, ``dtype`` (the query
     encoder's; default ``"auto"``: fp16 on a GPU, bf16 on a CPU where bf16 is native and pays, else fp32),
     ``concurrent_batches`` (batches a replica runs at once, default 1; each gets an equal share of the
-    replica's CPUs as torch and faiss threads), ``thread_min_queries`` (a batch of at least this many
-    queries is searched off the event loop; default 16),
+    replica's CPUs as threads), ``thread_min_queries`` (a batch of at least this many queries is searched
+    off the event loop, on a CPU dense index split into one single-threaded shard per thread; default 16),
     and deployment options ``autoscaling_config`` (dict: min_replicas, max_replicas,
     target_ongoing_requests, ...), ``num_replicas`` and ``ray_actor_options`` (num_cpus, num_gpus, ...).
     Built in a connected Ray, it logs a warning when replicas ask for more GPUs than the cluster has.

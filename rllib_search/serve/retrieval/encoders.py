@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -207,6 +208,9 @@ class TextEncoder:
         weights_dtype = torch.float32 if on_cpu else self.dtype
         path = resolve_model_path(self.spec.name_or_path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        # A fast tokenizer sets its padding and truncation on its Rust object per call: calls from several
+        # threads at once (a replica's shards) take turns; the model's forward passes run side by side.
+        self._tokenizer_lock = threading.Lock()
         self.model = AutoModel.from_pretrained(path, dtype=weights_dtype).to(self.device).eval()
 
     @property
@@ -239,9 +243,11 @@ class TextEncoder:
 
     @torch.inference_mode()
     def _embed(self, texts: list[str]) -> np.ndarray:
-        inputs = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.spec.max_length, return_tensors="pt"
-        ).to(self.device)
+        with self._tokenizer_lock:
+            inputs = self.tokenizer(
+                texts, padding=True, truncation=True, max_length=self.spec.max_length, return_tensors="pt"
+            )
+        inputs = inputs.to(self.device)
         with torch.autocast("cpu", dtype=self.dtype, enabled=self._autocast):
             hidden = self.model(**inputs).last_hidden_state.float()
         if self.spec.pooling == "cls":
