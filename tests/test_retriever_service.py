@@ -20,6 +20,7 @@ from rllib_search.serve.retrieval.deployment import (
     DEPLOYMENT_NAME,
     build_retriever_app,
     search_in_shards,
+    search_in_shards_blocking,
     shard_rows,
 )
 from rllib_search.serve.retrieval.load import load_index
@@ -170,8 +171,10 @@ def test_a_batch_searched_in_shards_answers_as_one_search(index_dir, world):
     assert shard_rows(queries[:2], 3) == [[0], [1]] or shard_rows(queries[:2], 3) == [[1], [0]]
     with ThreadPoolExecutor(3) as workers:
         sharded = asyncio.run(search_in_shards(index, queries, 3, 3, workers))
+        blocking = search_in_shards_blocking(index, queries[:9], 3, 3, workers)
     whole = index.search(queries, 3)
     assert [[p.id for p in r] for r in sharded] == [[p.id for p in r] for r in whole]
+    assert [[p.id for p in r] for r in blocking] == [[p.id for p in r] for r in whole[:9]]
     sharded_scores = [p.score for r in sharded for p in r]
     assert sharded_scores == pytest.approx([p.score for r in whole for p in r], abs=1e-5)
 

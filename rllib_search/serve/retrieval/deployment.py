@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -178,22 +178,42 @@ def shard_rows(queries: Sequence[str], shards: int) -> list[list[int]]:
     return [rows for rows in (order[s::shards] for s in range(max(1, shards))) if rows]
 
 
+def _submit_shards(
+    index: Any, queries: list[str], topk: int, shards: int, workers: ThreadPoolExecutor
+) -> list[tuple[list[int], Future]]:
+    return [
+        (rows, workers.submit(index.search, [queries[i] for i in rows], topk))
+        for rows in shard_rows(queries, shards)
+    ]
+
+
+def _in_order(count: int, parts: list[tuple[list[int], list[list[Passage]]]]) -> list[list[Passage]]:
+    results: list[list[Passage]] = [[] for _ in range(count)]
+    for rows, part in parts:
+        for i, passages in zip(rows, part):
+            results[i] = passages
+    return results
+
+
 async def search_in_shards(
     index: Any, queries: list[str], topk: int, shards: int, workers: ThreadPoolExecutor
 ) -> list[list[Passage]]:
     """``index.search(queries, topk)``, the queries split into ``shards`` searched at once on ``workers``
     (each on one torch/faiss thread: small encoder products scale better over requests than over threads
     of one product), answered in the queries' order."""
-    loop = asyncio.get_running_loop()
-    rows = shard_rows(queries, shards)
-    parts = await asyncio.gather(
-        *(loop.run_in_executor(workers, index.search, [queries[i] for i in shard], topk) for shard in rows)
-    )
-    results: list[list[Passage]] = [[] for _ in queries]
-    for shard, part in zip(rows, parts):
-        for i, passages in zip(shard, part):
-            results[i] = passages
-    return results
+    submitted = _submit_shards(index, queries, topk, shards, workers)
+    return _in_order(len(queries), [(rows, await asyncio.wrap_future(f)) for rows, f in submitted])
+
+
+def search_in_shards_blocking(
+    index: Any, queries: list[str], topk: int, shards: int, workers: ThreadPoolExecutor
+) -> list[list[Passage]]:
+    """:func:`search_in_shards`, waited for in the calling thread; one query, or one shard, is searched
+    in the calling thread itself."""
+    if shards <= 1 or len(queries) <= 1:
+        return index.search(queries, topk)
+    submitted = _submit_shards(index, queries, topk, shards, workers)
+    return _in_order(len(queries), [(rows, f.result()) for rows, f in submitted])
 
 
 def faiss_gpu_problem(gpu_ids: Sequence[str], kind: str, device: str | None = None) -> str | None:
@@ -325,7 +345,7 @@ class RetrieverDeployment:
     async def _search_batch(self, requests: list[tuple[list[str], int]]) -> list[list[list[Passage]]]:
         """One search for the queries of every request in the batch. A batch of ``thread_min_queries`` or
         more runs on worker threads (on a CPU dense index, as ``shards`` shards of one thread each), so that
-        the event loop keeps reading requests meanwhile; a smaller one runs on the loop, blocking it: the
+        the event loop keeps reading requests meanwhile; a smaller one (sharded alike) blocks the loop: the
         requests that arrive meanwhile wait in Serve's queues and all join the next batch, where in a thread
         they would trickle into small batches that each pay the search's fixed costs."""
         queries = [query for request_queries, _ in requests for query in request_queries]
@@ -333,8 +353,8 @@ class RetrieverDeployment:
         started = time.perf_counter()
         if len(queries) >= self.thread_min_queries:
             results = await search_in_shards(self.index, queries, topk, self.shards, self._workers)
-        else:
-            results = self.index.search(queries, topk)
+        else:  # blocks the loop, on every thread
+            results = search_in_shards_blocking(self.index, queries, topk, self.shards, self._workers)
         seconds = time.perf_counter() - started
         self.busy_seconds += seconds
         record("serve_batch_items", len(queries), METRIC_TAGS)
