@@ -7,9 +7,9 @@ skip HTTP and call ``search`` through a DeploymentHandle (see ``serve/retrieval/
 
 Query encoding dominates retrieval cost, so concurrent requests are batched: ``@serve.batch`` gathers the
 requests that arrive while the previous batch runs (counting queries, not requests) and the index encodes
-and searches all their queries in one call. Requests are bounded (body bytes, read before the body is;
-queries per request, characters per query, topk range) and answered with 4xx and a message when they break
-a bound.
+and searches all their queries together (on the CPU, as one single-threaded shard per CPU). Requests are
+bounded (body bytes, read before the body is; queries per request, characters per query, topk range) and
+answered with 4xx and a message when they break a bound.
 
 For HTTP throughput on one node, start Ray with Ray's high-throughput Serve settings
 (``RAY_SERVE_ENABLE_HA_PROXY=1`` and ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, or
