@@ -151,6 +151,14 @@ def test_the_findings_smoke_run_reports_intervals_and_resumes(tmp_path, capsys, 
             assert all(0.0 <= share <= 1.0 for share in seed_curve)
     assert "![Retrieved-token masking: well-formed](findings/masking_format.png)" in table
     assert (out / "findings" / "masking_format.png").stat().st_size > 0
+    # The collapse monitors per iteration, from each trial's results, plotted arm beside arm.
+    for figures_of_arm in masking["arms"].values():
+        assert figures_of_arm["monitor_curves"].keys() == {"0", "1"}
+        for per_monitor in figures_of_arm["monitor_curves"].values():
+            assert {"entropy", "response_tokens", "searches", "valid_actions", "reward"} <= per_monitor.keys()
+            assert all(len(curve) == figures_of_arm["iterations"] for curve in per_monitor.values())
+    assert "![Retrieved-token masking: collapse monitors](findings/masking_monitors.png)" in table
+    assert (out / "findings" / "masking_monitors.png").stat().st_size > 0
 
     # Run again (reporting elsewhere, so the first report carries nothing over): the warm start and both
     # arms' Tune experiments are restored, not retrained.

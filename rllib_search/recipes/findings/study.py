@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rllib_search.algos.collapse import MONITORS
+
 #: Training-reward columns whose per-iteration curve is plotted: the answer term where the reward has one.
 CURVE_COLUMNS = ("env_runners/reward/em", "env_runners/reward/answer_f1", "env_runners/episode_return_mean")
 #: Search-R1's format component is its format check (1 well-formed, 0 not), so its mean is the share of
@@ -441,6 +443,7 @@ def trial_record(result: Any) -> dict[str, Any]:
     answers = metrics.get("evaluation_answers")
     curve = metric_curve(result, CURVE_COLUMNS)
     format_curve = metric_curve(result, FORMAT_CURVE_COLUMNS)
+    monitors = {name: metric_curve(result, (column,)) for name, column in MONITORS.items()}
     return {
         "seed": (result.config or {}).get("seed"),
         "iterations": metrics.get("training_iteration"),
@@ -448,6 +451,12 @@ def trial_record(result: Any) -> dict[str, Any]:
         "answers": json.loads(answers) if isinstance(answers, str) else None,
         "curve": [float(x) for x in curve],
         "format_curve": [float(x) for x in format_curve],
+        # The collapse monitors per iteration (NaN where an iteration lacks one, as JSON null).
+        "monitor_curves": {
+            name: [None if x != x else float(x) for x in values]
+            for name, values in monitors.items()
+            if len(values)
+        },
     }
 
 
@@ -552,6 +561,9 @@ def analyse(
             "scores": scores.to_dict(),
             "curves": {str(t["seed"]): t["curve"] for t in trials},
             "format_curves": {str(t["seed"]): t.get("format_curve") or [] for t in trials},
+            "monitor_curves": {
+                str(t["seed"]): t["monitor_curves"] for t in trials if t.get("monitor_curves")
+            },
             "curve_mean": [sum(c[i] for c in curves) / len(curves) for i in range(length)],
             "training_answer_reward_mean": (
                 sum(sum(c) / len(c) for c in curves) / len(curves) if curves else None
@@ -986,7 +998,8 @@ def report(
                 f"{gain} | {paper} | {verdict} |"
             )
         if analysis is None or analysis["status"] == "not yet run":  # no curves: none of an earlier run
-            for stale in (figures / f"{finding.key}.png", figures / f"{finding.key}_format.png"):
+            for suffix in ("", "_format", "_monitors"):
+                stale = figures / f"{finding.key}{suffix}.png"
                 stale.unlink(missing_ok=True)
         else:
             figures.mkdir(parents=True, exist_ok=True)
@@ -1008,6 +1021,11 @@ def report(
                     ylabel="share well-formed (mean of seeds)",
                 )
                 curves_md.append(f"![{finding.title}: well-formed](findings/{png.name})")
+            monitors = _monitor_curves(analysis)
+            if monitors:
+                png = figures / f"{finding.key}_monitors.png"
+                plot_monitors(monitors, png, title=f"{finding.title}: collapse monitors (mean of seeds)")
+                curves_md.append(f"![{finding.title}: collapse monitors](findings/{png.name})")
     if powers:
         lines += ["", "## Power", "", *powers]
     if notes:
@@ -1074,6 +1092,52 @@ def _recheck_line(check: dict[str, Any], folder: Path) -> str:
         f"{seeds}; pooled {check['committed_em']:.3f} -> {check['rerun_em']:.3f}, "
         f"{d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]: {check['verdict']}."
     )
+
+
+def _monitor_curves(analysis: dict[str, Any]) -> dict[str, dict[str, list[list[float | None]]]]:
+    """Monitor -> arm -> that arm's per-seed curves, for the monitors some run arm recorded (analyses
+    carried over from before monitors were recorded have none)."""
+    curves: dict[str, dict[str, list[list[float | None]]]] = {}
+    for name, figures_of_arm in analysis["arms"].items():
+        if figures_of_arm["status"] != "run":
+            continue
+        for per_monitor in figures_of_arm.get("monitor_curves", {}).values():
+            for monitor, values in per_monitor.items():
+                curves.setdefault(monitor, {}).setdefault(name, []).append(values)
+    return {monitor: curves[monitor] for monitor in MONITORS if monitor in curves}
+
+
+def plot_monitors(curves: dict[str, dict[str, list[list[float | None]]]], path: Path, *, title: str) -> None:
+    """One panel per monitor, one line per arm: the mean over its seeds per iteration (missing values
+    skipped)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    columns = 3
+    rows = -(-len(curves) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.8 * rows), squeeze=False)
+    for ax, (monitor, by_arm) in zip(axes.flat, curves.items()):
+        for arm, runs in by_arm.items():
+            length = min(len(run) for run in runs)
+            values = np.array(
+                [[np.nan if x is None else x for x in run[:length]] for run in runs], dtype=float
+            )
+            kept = ~np.isnan(values).all(axis=0)
+            if kept.any():
+                mean = np.nanmean(values[:, kept], axis=0)
+                ax.plot(np.arange(1, length + 1)[kept], mean, marker=".", label=arm)
+        ax.set_title(monitor, fontsize=9)
+        ax.set_xlabel("iteration", fontsize=8)
+    for ax in list(axes.flat)[len(curves) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _seed_curves(analysis: dict[str, Any], field: str) -> dict[str, list[list[float]]]:
