@@ -199,7 +199,7 @@ async def search_in_shards(
     index: Any, queries: list[str], topk: int, shards: int, workers: ThreadPoolExecutor
 ) -> list[list[Passage]]:
     """``index.search(queries, topk)``, the queries split into ``shards`` searched at once on ``workers``
-    (each on one torch/faiss thread: small encoder products scale better over requests than over threads
+    (each on one torch/faiss thread: small encoder products scale better over shards than over threads
     of one product), answered in the queries' order."""
     submitted = _submit_shards(index, queries, topk, shards, workers)
     return _in_order(len(queries), [(rows, await asyncio.wrap_future(f)) for rows, f in submitted])
@@ -289,7 +289,7 @@ class RetrieverDeployment:
         self.threads = max(1, int(replica_cpus()) // self.concurrent_batches)
         kind = str(self.index.manifest.get("kind"))
         encoder = getattr(self.index, "encoder", None)
-        # A dense index on the CPU searches a big batch as `threads` shards of one thread each.
+        # A dense index on the CPU searches every batch as `threads` shards of one thread each.
         self.shards = self.threads if encoder is not None and encoder.device.type == "cpu" else 1
         set_search_threads(self.threads // self.shards, kind)
         self.thread_min_queries = thread_min_queries
